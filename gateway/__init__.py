@@ -1,0 +1,5 @@
+"""Multi-tenant LLM inference gateway (Django project package)."""
+
+from .celery import app as celery_app
+
+__all__ = ["celery_app"]

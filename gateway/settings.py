@@ -1,0 +1,165 @@
+"""Settings, all from the environment (see README "Settings").
+
+Bad values stop start-up with a message naming the variable (``gateway.env``).
+Defaults give the embedded mode: SQLite file, embedded Redis, simulated engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from gateway.env import (
+    ImproperSetting,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_peppers,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("GATEWAY_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", False)
+_DEV_SECRET = "insecure-dev-secret-key-change-me-0123456789abcdef"
+SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
+if not DEBUG and SECRET_KEY == _DEV_SECRET and env_bool("GATEWAY_REQUIRE_SECRETS", False):
+    raise ImproperSetting("SECRET_KEY must be set when GATEWAY_REQUIRE_SECRETS is on")
+if len(SECRET_KEY) < 32:
+    raise ImproperSetting("SECRET_KEY must be at least 32 characters")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# API keys are stored as HMAC-SHA256(pepper, key). Versions let the pepper rotate.
+API_KEY_PEPPERS = env_peppers(
+    "API_KEY_PEPPERS", {1: env_str("API_KEY_PEPPER", "dev-pepper-change-me-0123456789")}
+)
+API_KEY_PREFIX = env_str("API_KEY_PREFIX", "igw")
+if not API_KEY_PREFIX.isalnum() or not API_KEY_PREFIX.islower() or len(API_KEY_PREFIX) > 8:
+    raise ImproperSetting("API_KEY_PREFIX must be 1-8 lowercase letters or digits")
+# Seconds a gateway process may trust a cached credential; revocation also broadcasts.
+AUTH_CACHE_SECONDS = env_float("AUTH_CACHE_SECONDS", 1.0, minimum=0.0)
+# Prefix-cache salts are HMAC(tenant) under this secret so tenants never share KV blocks.
+CACHE_SALT_SECRET = env_str("CACHE_SALT_SECRET", SECRET_KEY)
+
+DEFAULT_REGION = env_str("DEFAULT_REGION", "local")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "tenants",
+    "metering",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gateway.urls"
+ASGI_APPLICATION = "gateway.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'gateway.sqlite3'}")
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+except Exception as exc:  # dj_database_url raises a bare ValueError/KeyError on junk
+    raise ImproperSetting(f"DATABASE_URL={DATABASE_URL!r} is not a database URL: {exc}") from exc
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Empty means "start or reuse the embedded Redis server under VAR_DIR" (gateway.redis_conn).
+REDIS_URL = env_str("REDIS_URL", "")
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "igw")
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+LOGIN_URL = "/admin/login/"
+
+# Request bodies: the inference API accepts large prompts, but not unbounded ones.
+MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 4 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+
+# Serving: the simulated engine's pool and heartbeat timing.
+WORKER_HEARTBEAT_SECONDS = env_float("WORKER_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
+WORKER_DEAD_AFTER_SECONDS = env_float("WORKER_DEAD_AFTER_SECONDS", 5.0, minimum=0.2)
+WFQ_INPUT_PRICE = env_float("WFQ_INPUT_PRICE", 1.0, minimum=0.0)
+WFQ_OUTPUT_PRICE = env_float("WFQ_OUTPUT_PRICE", 2.0, minimum=0.0)
+
+# Celery on Redis. Generations never run as Celery tasks that could be redelivered (ADR 0002):
+# tasks are short, acked early, and the engine loop owns the long-lived sequences.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "")  # empty: same as REDIS_URL
+CELERY_TASK_ACKS_LATE = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+
+REST_FRAMEWORK = {
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperSetting(f"LOG_LEVEL={LOG_LEVEL!r} is not a logging level")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run lint and the whole test suite against PostgreSQL and Redis (the README's test command).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
+export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/1}
+echo "==> ruff"
+.venv/bin/ruff check .
+echo "==> pytest (database: ${DATABASE_URL%%\?*}, redis: $REDIS_URL)"
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,301 @@
+"""Tenancy: who may call, what they may use, and how much.
+
+The tenant ID that keys every queue, bucket, cache scope and log partition comes only from a
+verified credential (``tenants.auth``), never from anything the caller sends (I1).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from tenants.geometry import kv_bytes_per_token
+
+
+class Tier(models.Model):
+    """A contract tier. Its weight is the tenant's share under weighted fair queueing."""
+
+    name = models.CharField(max_length=64, unique=True)
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.01)],
+        help_text="Scheduling weight: a tier with weight 3 gets three times the share of weight 1.",
+    )
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (weight {self.weight:g})"
+
+
+class ServedModel(models.Model):
+    """A public model name, the engine's id for it, and the geometry that sizes its KV cache."""
+
+    name = models.SlugField(max_length=128, unique=True, help_text="Name tenants pass as `model`.")
+    engine_model_id = models.CharField(max_length=255, help_text="Model path or id for the engine.")
+    tokenizer_path = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Directory with tokenizer.json (and chat template); empty = the built-in sim model.",
+    )
+    max_model_len = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(16)])
+    num_layers = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1)])
+    num_kv_heads = models.PositiveIntegerField(default=8, validators=[MinValueValidator(1)])
+    head_dim = models.PositiveIntegerField(default=128, validators=[MinValueValidator(1)])
+    bytes_per_value = models.PositiveSmallIntegerField(default=2, validators=[MinValueValidator(1)])
+    parameter_count = models.BigIntegerField(
+        default=8_000_000_000, validators=[MinValueValidator(1)],
+        help_text="Used by the capacity planner to size the weights.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "model"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(
+            self.num_layers, self.num_kv_heads, self.head_dim, self.bytes_per_value
+        )
+
+
+class Pool(models.Model):
+    """Engine instances serving one model in one region, shared or dedicated to one tenant."""
+
+    class Backend(models.TextChoices):
+        SIMULATED = "simulated", "Simulated engine"
+        VLLM = "vllm", "vLLM (in-process AsyncLLM)"
+        OPENAI_UPSTREAM = "openai_upstream", "OpenAI-compatible upstream server"
+
+    name = models.SlugField(max_length=64, unique=True)
+    model = models.ForeignKey(ServedModel, on_delete=models.PROTECT, related_name="pools")
+    region = models.CharField(max_length=64, default=settings.DEFAULT_REGION)
+    backend = models.CharField(max_length=32, choices=Backend.choices, default=Backend.SIMULATED)
+    backend_settings = models.JSONField(
+        default=dict, blank=True, help_text="Backend-specific settings (rates, URLs, engine args)."
+    )
+    max_sequences = models.PositiveIntegerField(
+        default=64, validators=[MinValueValidator(1)],
+        help_text="Running sequences per engine instance.",
+    )
+    kv_cache_tokens = models.PositiveIntegerField(
+        default=381_000, validators=[MinValueValidator(16)],
+        help_text="Tokens of KV cache per engine instance.",
+    )
+    kv_overcommit = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.1)],
+        help_text="Dispatch while reserved KV tokens stay under capacity x overcommit.",
+    )
+    dedicated_to = models.ForeignKey(
+        "Tenant", null=True, blank=True, on_delete=models.SET_NULL, related_name="dedicated_pools",
+        help_text="Empty = shared pool. Set = only this tenant's requests are routed here.",
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.model.name}, {self.region})"
+
+
+class TenantQuerySet(models.QuerySet["Tenant"]):
+    def active(self) -> TenantQuerySet:
+        return self.filter(status=Tenant.Status.ACTIVE)
+
+
+class Tenant(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        SUSPENDED = "suspended", "Suspended"
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=64, unique=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
+    region = models.CharField(max_length=64, default=settings.DEFAULT_REGION)
+    content_logging = models.BooleanField(
+        default=False, help_text="Opt-in: store prompts and responses, encrypted, short retention."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == self.Status.ACTIVE
+
+    @property
+    def dedicated_pool(self) -> Pool | None:
+        return self.dedicated_pools.filter(enabled=True).first()
+
+
+# Limit fields shared by tenant quotas and per-key limits. A quota row leaves a field empty to
+# inherit it (per-model override -> tenant default); a key leaves it empty to use the tenant's.
+LIMIT_FIELDS = (
+    "input_tpm",
+    "output_tpm",
+    "concurrent_requests",
+    "open_streams",
+    "max_output_tokens",
+)
+QUOTA_FIELDS = (
+    *LIMIT_FIELDS,
+    "input_burst",
+    "output_burst",
+    "max_context_tokens",
+    "ttft_deadline_s",
+    "total_deadline_s",
+)
+QUOTA_DEFAULTS = {
+    "input_tpm": 200_000,
+    "output_tpm": 100_000,
+    "input_burst": None,  # None: one minute's worth of the rate
+    "output_burst": None,
+    "concurrent_requests": 32,
+    "open_streams": 32,
+    "max_context_tokens": 8192,
+    "max_output_tokens": 4096,
+    "ttft_deadline_s": 30.0,
+    "total_deadline_s": 600.0,
+}
+
+
+def _positive_int(**kwargs: object) -> models.PositiveIntegerField:
+    return models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], **kwargs
+    )
+
+
+def _positive_float(**kwargs: object) -> models.FloatField:
+    return models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.01)], **kwargs)
+
+
+class Quota(models.Model):
+    """A tenant's limits; ``model`` empty is the default, a model set overrides fields it fills."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    model = models.ForeignKey(
+        ServedModel, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+        help_text="Empty = the tenant's default quota for every model.",
+    )
+    input_tpm = _positive_int(help_text="Input (prompt) tokens per minute.")
+    output_tpm = _positive_int(help_text="Output tokens per minute (max_tokens charged up front).")
+    input_burst = _positive_int(help_text="Input bucket size in tokens; empty = one minute's rate.")
+    output_burst = _positive_int(help_text="Output bucket size in tokens; empty = one minute's rate.")
+    concurrent_requests = _positive_int()
+    open_streams = _positive_int()
+    max_context_tokens = _positive_int(help_text="Prompt + max_tokens may not exceed this.")
+    max_output_tokens = _positive_int(help_text="Largest max_tokens one request may ask for.")
+    ttft_deadline_s = _positive_float(help_text="Seconds to the first token before cancelling.")
+    total_deadline_s = _positive_float(help_text="Seconds for the whole request before cancelling.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant"], condition=models.Q(model__isnull=True),
+                name="one_default_quota_per_tenant",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "model"], condition=models.Q(model__isnull=False),
+                name="one_quota_per_tenant_model",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} quota ({self.model or 'default'})"
+
+    def clean(self) -> None:
+        if (
+            self.ttft_deadline_s and self.total_deadline_s
+            and self.ttft_deadline_s > self.total_deadline_s
+        ):
+            raise ValidationError(
+                {"ttft_deadline_s": "The first-token deadline cannot exceed the total deadline."}
+            )
+        for rate, burst in (("input_tpm", "input_burst"), ("output_tpm", "output_burst")):
+            if getattr(self, burst) and getattr(self, rate) is None and self.model_id is None:
+                raise ValidationError({burst: "A burst needs a rate beside it."})
+
+
+class ApiKey(models.Model):
+    """An API key. Only an HMAC of it is stored; the key itself is shown once (``tenants.keys``)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    pepper_version = models.PositiveSmallIntegerField(editable=False)
+    prefix = models.CharField(max_length=24, editable=False, help_text="Shown to identify the key.")
+    last_four = models.CharField(max_length=4, editable=False)
+    allowed_models = models.ManyToManyField(
+        ServedModel, blank=True, related_name="+",
+        help_text="Empty = every model the tenant may use.",
+    )
+    input_tpm = _positive_int(help_text="Per-key cap under the tenant's; empty = tenant's.")
+    output_tpm = _positive_int()
+    concurrent_requests = _positive_int()
+    open_streams = _positive_int()
+    max_output_tokens = _positive_int()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.masked})"
+
+    @property
+    def masked(self) -> str:
+        return f"{self.prefix}…{self.last_four}"
+
+    def is_usable(self, now: object | None = None) -> bool:
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return False
+        return self.expires_at is None or self.expires_at > now
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner", "Owner"
+        MEMBER = "member", "Member"
+        BILLING = "billing", "Billing"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_user_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"

@@ -1,0 +1,1 @@
+"""Engine backends behind one async interface (``workers.engine.base``)."""

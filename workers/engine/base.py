@@ -1,0 +1,118 @@
+"""The engine interface every backend implements (simulated, vLLM, OpenAI-compatible upstream).
+
+A worker process hosts one engine and feeds it requests the WFQ dispatcher picked. All requests
+in flight share the engine so they batch together. The interface mirrors what vLLM's AsyncLLM
+offers (generate as an async iterator of deltas, abort by id, a tokenizer), so the vLLM backend
+is a thin adapter and the simulated engine is held to the same contract.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class FinishReason:
+    STOP = "stop"  # end-of-sequence token or a stop sequence
+    LENGTH = "length"  # max_tokens reached (or the context window)
+    ABORT = "abort"  # aborted by id (client gone, deadline)
+    ERROR = "error"  # the engine failed this request
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    # HMAC of the tenant under a server secret: prefix-cache blocks are shared only within one
+    # salt, so one tenant can never hit (or time) another's cached prefix (I1).
+    cache_salt: str
+    adapter: str | None = None
+    priority: int = 0  # lower runs first, as in vLLM's priority scheduling
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New output since the last delta. ``finish_reason`` and ``usage`` are set on the last one."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    running: int
+    waiting: int
+    max_running: int
+    kv_tokens_used: int
+    kv_tokens_total: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Tokenizer(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request. ``retryable`` says whether the client may try again."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class Engine(abc.ABC):
+    """One engine instance. Implementations must be safe to call from one asyncio loop."""
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop after aborting whatever is still running."""
+
+    @abc.abstractmethod
+    def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        """Submit and stream deltas until one carries a finish reason.
+
+        Cancelling the consumer (closing the iterator) must abort the request, as in vLLM.
+        """
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop the sequence within one engine step and free its KV blocks. Idempotent."""
+
+    @abc.abstractmethod
+    def load(self) -> EngineLoad: ...
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> Tokenizer: ...
