@@ -7,6 +7,7 @@ can mount them as files.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
         number = float(value)
     except ValueError:
         raise ImproperSetting(f"{name}={value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ImproperSetting(f"{name}={value!r} is not a finite number")
     if minimum is not None and number < minimum:
         raise ImproperSetting(f"{name}={number} is below the minimum of {minimum}")
     return number

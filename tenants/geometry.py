@@ -1,4 +1,7 @@
-"""KV-cache arithmetic from the design: bytes per token = 2 x layers x KV heads x head dim x bytes."""
+"""KV-cache arithmetic from the design.
+
+Bytes per token = 2 x layers x KV heads x head dim x bytes per value.
+"""
 
 from __future__ import annotations
 

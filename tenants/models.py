@@ -6,6 +6,8 @@ verified credential (``tenants.auth``), never from anything the caller sends (I1
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
@@ -41,7 +43,9 @@ class ServedModel(models.Model):
     tokenizer_path = models.CharField(
         max_length=500,
         blank=True,
-        help_text="Directory with tokenizer.json (and chat template); empty = the built-in sim model.",
+        help_text=(
+            "Directory with tokenizer.json (and chat template); empty = the built-in sim model."
+        ),
     )
     max_model_len = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(16)])
     num_layers = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1)])
@@ -142,6 +146,11 @@ class Tenant(models.Model):
     def is_active(self) -> bool:
         return self.status == self.Status.ACTIVE
 
+    def set_status(self, status: str) -> None:
+        """Suspend or reactivate; the save signal makes every gateway see it within 1 s."""
+        self.status = status
+        self.save(update_fields=["status", "updated_at"])
+
     @property
     def dedicated_pool(self) -> Pool | None:
         return self.dedicated_pools.filter(enabled=True).first()
@@ -199,7 +208,9 @@ class Quota(models.Model):
     input_tpm = _positive_int(help_text="Input (prompt) tokens per minute.")
     output_tpm = _positive_int(help_text="Output tokens per minute (max_tokens charged up front).")
     input_burst = _positive_int(help_text="Input bucket size in tokens; empty = one minute's rate.")
-    output_burst = _positive_int(help_text="Output bucket size in tokens; empty = one minute's rate.")
+    output_burst = _positive_int(
+        help_text="Output bucket size in tokens; empty = one minute's rate."
+    )
     concurrent_requests = _positive_int()
     open_streams = _positive_int()
     max_context_tokens = _positive_int(help_text="Prompt + max_tokens may not exceed this.")
@@ -223,16 +234,40 @@ class Quota(models.Model):
         return f"{self.tenant} quota ({self.model or 'default'})"
 
     def clean(self) -> None:
-        if (
-            self.ttft_deadline_s and self.total_deadline_s
-            and self.ttft_deadline_s > self.total_deadline_s
-        ):
-            raise ValidationError(
-                {"ttft_deadline_s": "The first-token deadline cannot exceed the total deadline."}
-            )
-        for rate, burst in (("input_tpm", "input_burst"), ("output_tpm", "output_burst")):
-            if getattr(self, burst) and getattr(self, rate) is None and self.model_id is None:
-                raise ValidationError({burst: "A burst needs a rate beside it."})
+        from tenants.limits import QUOTA_FIELDS, field_errors, row_values, validate_quota
+
+        if getattr(self, "defer_cross_row_checks", False):
+            # The admin's inline formset checks this row against the default edited beside it.
+            if errors := field_errors(row_values(self), QUOTA_FIELDS):
+                raise ValidationError(errors)
+            return
+        base = None
+        if self.model_id is not None and self.tenant_id is not None:
+            base = row_values(Quota.objects.filter(tenant_id=self.tenant_id, model=None).first())
+        validate_quota(row_values(self), base=base)
+
+
+class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
+    def usable(self, now: datetime | None = None) -> ApiKeyQuerySet:
+        """Not revoked and not expired: the only keys that authenticate."""
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
+        )
+
+    def revoke(self) -> int:
+        """Revoke every key in the set that is not revoked yet; every gateway drops it within 1 s.
+
+        One UPDATE, so a key revoked twice keeps its first revocation time.
+        """
+        from tenants.auth import invalidate_principals
+
+        count = self.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        if count:
+            invalidate_principals()
+        return count
+
+    revoke.queryset_only = True  # type: ignore[attr-defined]  # never ApiKey.objects.revoke()
 
 
 class ApiKey(models.Model):
@@ -242,7 +277,9 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100)
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     pepper_version = models.PositiveSmallIntegerField(editable=False)
-    prefix = models.CharField(max_length=24, editable=False, help_text="Shown to identify the key.")
+    prefix = models.CharField(
+        max_length=24, editable=False, db_index=True, help_text="Shown to identify the key."
+    )
     last_four = models.CharField(max_length=4, editable=False)
     allowed_models = models.ManyToManyField(
         ServedModel, blank=True, related_name="+",
@@ -261,6 +298,8 @@ class ApiKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
+    objects = ApiKeyQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "API key"
@@ -272,7 +311,13 @@ class ApiKey(models.Model):
     def masked(self) -> str:
         return f"{self.prefix}…{self.last_four}"
 
-    def is_usable(self, now: object | None = None) -> bool:
+    def revoke(self) -> bool:
+        """Revoke this key; False if it was already revoked."""
+        revoked = ApiKey.objects.filter(pk=self.pk).revoke() == 1
+        self.refresh_from_db(fields=["revoked_at"])
+        return revoked
+
+    def is_usable(self, now: datetime | None = None) -> bool:
         now = now or timezone.now()
         if self.revoked_at is not None:
             return False
@@ -294,7 +339,9 @@ class Membership(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_user_tenant")
+            models.UniqueConstraint(
+                fields=["user", "tenant"], name="one_membership_per_user_tenant"
+            )
         ]
 
     def __str__(self) -> str:

@@ -30,3 +30,14 @@ def make_tenant(slug: str | None = None, *, weight: float = 1.0, **quota) -> Ten
     tenant = Tenant.objects.create(name=slug.title(), slug=slug, tier=make_tier(weight=weight))
     Quota.objects.create(tenant=tenant, **quota)
     return tenant
+
+
+def make_key(tenant: Tenant | None = None, name: str = "test key", **fields):
+    """Issue a key through the real service; returns (ApiKey, plaintext)."""
+    from tenants.keys import issue_key
+
+    return issue_key(tenant or make_tenant(), name, **fields)
+
+
+def bearer(plaintext: str) -> str:
+    return f"Bearer {plaintext}"

@@ -84,9 +84,11 @@ class Tokenizer(Protocol):
 class EngineError(RuntimeError):
     """The engine failed a request. ``retryable`` says whether the client may try again."""
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
+    def __init__(self, message: str, *, retryable: bool = True, usage: Usage | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        # What the request had used when it failed (tokens generated so far), for settlement.
+        self.usage = usage
 
 
 class Engine(abc.ABC):

@@ -1,0 +1,377 @@
+"""Authentication for the inference API: ``Authorization: Bearer <key>`` -> ``Principal``.
+
+The tenant comes only from the verified key (I1). Headers such as ``OpenAI-Organization`` or
+``X-Tenant-Id`` and body fields are never read here, so they cannot move a request to another
+tenant; callers use ``authenticate_scope`` / ``aauthenticate_scope`` and the Principal's ids.
+
+Same answer, same work. Revoked, expired, unknown and malformed keys all raise the same 401.
+Every call computes the HMAC under every live pepper and makes the same indexed lookup, whatever
+the input looked like; revoked and expired keys are filtered out in that same SQL query, so they
+take the path of an unknown key. The stored hash is compared in constant time.
+
+Caching and revocation. A process keeps principals for ``AUTH_CACHE_SECONDS`` keyed by key hash.
+Every call also reads one Redis key, the *auth epoch*, a random token rewritten whenever a key,
+tenant, tier or quota changes; a cached principal is only used under the epoch it was loaded
+with. We chose the epoch over a pub/sub invalidation channel because it needs no subscriber
+thread per process (nothing to restart after a fork or a dropped connection, no message lost
+while reconnecting: a missed change is impossible, not merely unlikely), and it works the same
+from sync and async code. Its price is one GET of a tiny key per request (~0.1-0.2 ms, the
+cost of the round trips admission makes anyway), against a DB query (three on a miss) it saves.
+Revocation therefore takes effect on the next request in every process; the TTL is only a
+backstop for when Redis cannot be read.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Any
+
+import redis
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from gateway.redis_conn import get_async_redis, get_redis, key
+from tenants.keys import candidate_hashes, parse_key
+from tenants.limits import Limits, quota_table, resolve
+from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
+from tenants.salts import cache_salt
+
+log = logging.getLogger(__name__)
+
+INVALID_KEY_MESSAGE = "Incorrect API key provided."
+SUSPENDED_MESSAGE = (
+    "Your organization's access to the API has been suspended. "
+    "Contact the platform administrator."
+)
+LAST_USED_EVERY_S = 60.0  # write last_used_at at most this often per key
+_MAX_CACHE_ENTRIES = 50_000
+
+
+class AuthError(Exception):
+    """An authentication failure, with the OpenAI-shaped body the API returns for it."""
+
+    def __init__(self, status: int, code: str, message: str,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.type = type_
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": None,
+                          "code": self.code}}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+
+
+def invalid_key() -> AuthError:
+    return AuthError(401, "invalid_api_key", INVALID_KEY_MESSAGE)
+
+
+def tenant_suspended() -> AuthError:
+    return AuthError(403, "tenant_suspended", SUSPENDED_MESSAGE, "permission_error")
+
+
+@dataclass(frozen=True)
+class KeyCaps:
+    """Per-key limits under the tenant's; None = the tenant's limit applies."""
+
+    input_tpm: int | None = None
+    output_tpm: int | None = None
+    concurrent_requests: int | None = None
+    open_streams: int | None = None
+    max_output_tokens: int | None = None
+
+    def as_dict(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in LIMIT_FIELDS if getattr(self, f) is not None}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling, as proven by the key. Everything downstream is keyed on ``tenant_id``."""
+
+    tenant_id: int
+    tenant_slug: str
+    tenant_weight: float
+    tenant_region: str
+    key_id: int
+    key_prefix: str
+    allowed_model_names: frozenset[str]  # empty = every model the tenant may use
+    key_caps: KeyCaps
+    content_logging: bool = False
+    tenant_active: bool = True
+    expires_at: datetime | None = None
+    # Quota rows by model name (None = tenant default), so limits resolve without the database.
+    quotas: Mapping[str | None, Mapping[str, Any]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def allows_model(self, model_name: str) -> bool:
+        return not self.allowed_model_names or model_name in self.allowed_model_names
+
+    def limits(self, model_name: str | None = None) -> Limits:
+        """Effective limits for one request: tenant quota, model override, key caps (min)."""
+        return resolve(self.quotas.get(None), self.quotas.get(model_name), self.key_caps.as_dict())
+
+    def tenant_limits(self, model_name: str | None = None) -> Limits:
+        """The tenant's own limits (its shared buckets), without this key's caps."""
+        return resolve(self.quotas.get(None), self.quotas.get(model_name))
+
+    @property
+    def cache_salt(self) -> str:
+        return cache_salt(self.tenant_id)
+
+
+# --- the header --------------------------------------------------------------------------------
+
+def bearer_token(header_value: str | bytes | None) -> str:
+    """The credential in an Authorization value; "" when there is none (treated as malformed)."""
+    if isinstance(header_value, bytes):
+        header_value = header_value.decode("latin-1")
+    scheme, _, token = (header_value or "").strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def authorization_from_scope(scope: Mapping[str, Any]) -> str | None:
+    """The one Authorization header of an ASGI scope. Two of them are ambiguous: treat as none."""
+    values = [v for k, v in scope.get("headers", ()) if k.lower() == b"authorization"]
+    return values[0].decode("latin-1") if len(values) == 1 else None
+
+
+def authenticate_scope(scope: Mapping[str, Any]) -> Principal:
+    """The helper the inference API uses: reads Authorization and nothing else."""
+    return authenticate(authorization_from_scope(scope))
+
+
+async def aauthenticate_scope(scope: Mapping[str, Any]) -> Principal:
+    return await aauthenticate(authorization_from_scope(scope))
+
+
+# --- authenticate --------------------------------------------------------------------------------
+
+def authenticate(authorization: str | bytes | None) -> Principal:
+    """Verify a credential (the Authorization header value) and return its Principal."""
+    well_formed, hashes = _digest(authorization)
+    epoch = _read_epoch()
+    principal = _cached(hashes, epoch)
+    if principal is None:
+        found = _load(hashes, well_formed)
+        _store(found, epoch)
+        principal = found[0] if found else None
+    return _admit(principal)
+
+
+async def aauthenticate(authorization: str | bytes | None) -> Principal:
+    """``authenticate`` for the event loop: a cache hit does no DB work, a miss runs in a thread."""
+    well_formed, hashes = _digest(authorization)
+    epoch = await _aread_epoch()
+    principal = _cached(hashes, epoch)
+    if principal is None:
+        found = await database_sync_to_async(_load)(hashes, well_formed)
+        _store(found, epoch)
+        principal = found[0] if found else None
+    return _admit(principal)
+
+
+def _digest(authorization: str | bytes | None) -> tuple[bool, list[tuple[int, str]]]:
+    # Hash whatever came, even junk, so a malformed key costs what a wrong one costs.
+    token = bearer_token(authorization)
+    return parse_key(token) is not None, candidate_hashes(token)
+
+
+def _admit(principal: Principal | None) -> Principal:
+    if principal is None:
+        raise invalid_key()
+    if principal.expires_at is not None and principal.expires_at <= timezone.now():
+        raise invalid_key()  # expired while cached
+    if not principal.tenant_active:
+        raise tenant_suspended()
+    _note_use(principal.key_id)
+    return principal
+
+
+def _load(hashes: list[tuple[int, str]], well_formed: bool) -> tuple[Principal, str] | None:
+    """One indexed query whatever the input; revoked and expired rows never come back."""
+    rows = list(
+        ApiKey.objects.usable().select_related("tenant__tier")
+        .filter(key_hash__in=[h for _, h in hashes])[:1]
+    )
+    row = rows[0] if rows else None
+    expected = dict(hashes).get(row.pepper_version, "") if row else ""
+    # The row's own pepper version must produce its hash: a retired pepper retires its keys.
+    matches = hmac.compare_digest(row.key_hash if row else "-", expected or "+")
+    if not (row and matches and well_formed):
+        return None
+    return _principal(row), row.key_hash
+
+
+def _principal(row: ApiKey) -> Principal:
+    tenant: Tenant = row.tenant
+    return Principal(
+        tenant_id=tenant.pk,
+        tenant_slug=tenant.slug,
+        tenant_weight=tenant.tier.weight,
+        tenant_region=tenant.region,
+        key_id=row.pk,
+        key_prefix=row.prefix,
+        allowed_model_names=frozenset(row.allowed_models.values_list("name", flat=True)),
+        key_caps=KeyCaps(**{f: getattr(row, f) for f in LIMIT_FIELDS}),
+        content_logging=tenant.content_logging,
+        tenant_active=tenant.is_active,
+        expires_at=row.expires_at,
+        quotas=MappingProxyType(quota_table(tenant)),
+    )
+
+
+# --- the process-local cache and the Redis epoch ---------------------------------------------
+
+@dataclass(frozen=True)
+class _Entry:
+    principal: Principal
+    fresh_until: float
+    epoch: bytes | None
+
+
+_cache: dict[str, _Entry] = {}
+
+
+def _epoch_key() -> str:
+    return key("auth", "epoch")
+
+
+def _read_epoch() -> bytes | None:
+    try:
+        return get_redis().get(_epoch_key()) or b"-"
+    except redis.RedisError as exc:
+        log.warning("auth epoch unreadable, trusting the %ss cache TTL only: %s",
+                    settings.AUTH_CACHE_SECONDS, type(exc).__name__)
+        return None
+
+
+async def _aread_epoch() -> bytes | None:
+    try:
+        return await get_async_redis().get(_epoch_key()) or b"-"
+    except redis.RedisError as exc:
+        log.warning("auth epoch unreadable, trusting the %ss cache TTL only: %s",
+                    settings.AUTH_CACHE_SECONDS, type(exc).__name__)
+        return None
+
+
+def _cached(hashes: list[tuple[int, str]], epoch: bytes | None) -> Principal | None:
+    now = time.monotonic()
+    for _, digest in hashes:
+        entry = _cache.get(digest)
+        if entry and entry.epoch == epoch and now < entry.fresh_until:
+            return entry.principal
+    return None
+
+
+def _store(found: tuple[Principal, str] | None, epoch: bytes | None) -> None:
+    # Only keys that verified are cached: failures must cost what an unknown key costs.
+    if found is None or settings.AUTH_CACHE_SECONDS <= 0:
+        return
+    if len(_cache) >= _MAX_CACHE_ENTRIES:
+        _cache.clear()
+    principal, digest = found
+    _cache[digest] = _Entry(principal, time.monotonic() + settings.AUTH_CACHE_SECONDS, epoch)
+
+
+def clear_cache() -> None:
+    """Drop this process's cached principals (tests, and after this process changes a key)."""
+    _cache.clear()
+
+
+def invalidate_principals() -> None:
+    """Make every gateway process re-read keys and tenants on its next request.
+
+    Written now (so this process and tests see it at once) and again after the transaction
+    commits: a process that reloaded between the two writes could have read the old row, and
+    the second write forces it to reload the committed one.
+    """
+    clear_cache()
+    _publish_epoch()
+    transaction.on_commit(_publish_epoch)
+
+
+def _publish_epoch() -> None:
+    try:
+        get_redis().set(_epoch_key(), uuid.uuid4().hex)
+    except redis.RedisError as exc:
+        log.error("could not publish the auth epoch (revocations wait for the %ss TTL): %s",
+                  settings.AUTH_CACHE_SECONDS, type(exc).__name__)
+
+
+# --- last_used_at, off the hot path ---------------------------------------------------------------
+
+_touched: dict[int, float] = {}
+_touch_lock = threading.Lock()
+_writers: dict[int, ThreadPoolExecutor] = {}
+_writers_lock = threading.Lock()
+
+
+def _writer() -> ThreadPoolExecutor:
+    """This process's writer thread. Per pid: a forked child (Celery prefork, uvicorn workers)
+    inherits the executor object but not its thread, and would queue writes forever."""
+    pid = os.getpid()
+    with _writers_lock:
+        if pid not in _writers:
+            _writers.clear()
+            _writers[pid] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="last-used")
+        return _writers[pid]
+
+
+def _note_use(key_id: int) -> None:
+    now = time.monotonic()
+    with _touch_lock:
+        if now - _touched.get(key_id, -LAST_USED_EVERY_S) < LAST_USED_EVERY_S:
+            return
+        if len(_touched) >= _MAX_CACHE_ENTRIES:
+            _touched.clear()
+        _touched[key_id] = now
+    _writer().submit(_write_last_used, key_id)
+
+
+def _write_last_used(key_id: int) -> None:
+    """One conditional UPDATE: across all processes a key's row is written at most once a minute."""
+    try:
+        now = timezone.now()
+        ApiKey.objects.filter(pk=key_id).filter(
+            Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - timedelta(
+                seconds=LAST_USED_EVERY_S))
+        ).update(last_used_at=now)
+    except Exception as exc:  # bookkeeping must never break authentication
+        log.warning("last_used_at not written for key %s: %s", key_id, type(exc).__name__)
+    finally:
+        connection.close()  # this thread's own connection; don't hold one open between writes
+
+
+def flush_last_used(timeout: float = 5.0) -> None:
+    """Wait for queued last_used_at writes (tests, graceful shutdown)."""
+    done: Future[None] = _writer().submit(lambda: None)
+    done.result(timeout=timeout)
+
+
+def forget_usage(key_ids: Iterable[int] | None = None) -> None:
+    """Forget when keys were last written, so the next use writes again (tests)."""
+    with _touch_lock:
+        if key_ids is None:
+            _touched.clear()
+        for key_id in key_ids or ():
+            _touched.pop(key_id, None)

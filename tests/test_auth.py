@@ -1,0 +1,367 @@
+"""The authentication service: principals, the uniform 401, suspension, caching and revocation."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connection
+from django.utils import timezone
+
+from tenants import auth
+from tenants.auth import (
+    AuthError,
+    Principal,
+    aauthenticate,
+    aauthenticate_scope,
+    authenticate,
+    authenticate_scope,
+    clear_cache,
+    flush_last_used,
+    forget_usage,
+)
+from tenants.keys import generate_key
+from tenants.models import ApiKey, Quota, Tenant
+from tests.factories import bearer, make_key, make_model, make_tenant
+
+ROOT = Path(__file__).resolve().parent.parent
+INVALID_BODY = {"error": {"message": "Incorrect API key provided.",
+                          "type": "invalid_request_error", "param": None,
+                          "code": "invalid_api_key"}}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(redis_client):
+    clear_cache()
+    forget_usage()
+    yield
+    clear_cache()
+
+
+def _fail(header) -> AuthError:
+    with pytest.raises(AuthError) as err:
+        authenticate(header)
+    return err.value
+
+
+def _one_char_changed(plaintext: str) -> str:
+    pos = 10
+    return plaintext[:pos] + ("A" if plaintext[pos] != "A" else "B") + plaintext[pos + 1:]
+
+
+@pytest.mark.django_db
+def test_principal_carries_tenant_key_models_and_caps():
+    tenant = make_tenant("acme", weight=3.0, input_tpm=50_000)
+    tenant.region = "eu-west"
+    tenant.save()
+    model = make_model("sim-small")
+    api_key, plaintext = make_key(tenant, allowed_models=[model], output_tpm=500)
+
+    principal = authenticate(bearer(plaintext))
+    assert isinstance(principal, Principal)
+    assert (principal.tenant_id, principal.tenant_slug) == (tenant.pk, "acme")
+    assert (principal.tenant_weight, principal.tenant_region) == (3.0, "eu-west")
+    assert (principal.key_id, principal.key_prefix) == (api_key.pk, api_key.prefix)
+    assert principal.allowed_model_names == frozenset({"sim-small"})
+    assert principal.allows_model("sim-small") and not principal.allows_model("other")
+    assert principal.key_caps.output_tpm == 500 and principal.key_caps.input_tpm is None
+    limits = principal.limits("sim-small")
+    assert (limits.input_tpm, limits.output_tpm, limits.output_burst) == (50_000, 500, 500)
+    assert principal.tenant_limits("sim-small").output_tpm == 100_000
+    assert principal.cache_salt != make_tenant().pk and len(principal.cache_salt) == 64
+
+
+@pytest.mark.django_db
+def test_key_without_model_list_allows_every_model():
+    _, plaintext = make_key()
+    principal = authenticate(bearer(plaintext))
+    assert principal.allowed_model_names == frozenset()
+    assert principal.allows_model("anything")
+
+
+@pytest.mark.django_db
+def test_bearer_scheme_is_case_insensitive_and_bytes_work():
+    api_key, plaintext = make_key()
+    assert authenticate(f"bearer  {plaintext} ").key_id == api_key.pk
+    assert authenticate(f"Bearer {plaintext}".encode()).key_id == api_key.pk
+
+
+@pytest.mark.django_db
+def test_same_401_for_revoked_expired_unknown_malformed_and_missing():
+    tenant = make_tenant()
+    revoked, revoked_plain = make_key(tenant)
+    revoked.revoke()
+    _, expired_plain = make_key(tenant, expires_at=timezone.now() - timedelta(seconds=1))
+    _, good_plain = make_key(tenant)
+    headers = {
+        "revoked": bearer(revoked_plain),
+        "expired": bearer(expired_plain),
+        "unknown": bearer(generate_key()),
+        "bad checksum": bearer(_one_char_changed(good_plain)),
+        "malformed": "Bearer not-a-key",
+        "wrong scheme": f"Basic {good_plain}",
+        "empty": "",
+        "missing": None,
+        "huge": "Bearer " + "x" * 100_000,
+    }
+    errors = {name: _fail(header) for name, header in headers.items()}
+    for name, err in errors.items():
+        assert (err.status, err.body, str(err)) == (401, INVALID_BODY, INVALID_BODY["error"][
+            "message"]), name
+        assert err.headers == {"WWW-Authenticate": "Bearer"}
+    assert authenticate(bearer(good_plain)).tenant_id == tenant.pk
+
+
+@pytest.mark.django_db
+def test_key_expiring_while_cached_is_refused(monkeypatch):
+    _, plaintext = make_key(expires_at=timezone.now() + timedelta(minutes=5))
+    assert authenticate(bearer(plaintext))  # now cached
+    later = timezone.now() + timedelta(minutes=6)
+    monkeypatch.setattr(auth.timezone, "now", lambda: later)
+    assert _fail(bearer(plaintext)).body == INVALID_BODY
+
+
+@pytest.mark.django_db
+def test_revocation_is_seen_at_once_in_this_process_even_with_a_long_ttl(settings):
+    settings.AUTH_CACHE_SECONDS = 300
+    api_key, plaintext = make_key()
+    assert authenticate(bearer(plaintext)).key_id == api_key.pk
+    assert authenticate(bearer(plaintext)).key_id == api_key.pk  # from the cache
+    # Another process revoking looks the same from here: only the Redis epoch changes.
+    ApiKey.objects.filter(pk=api_key.pk).update(revoked_at=timezone.now())
+    assert authenticate(bearer(plaintext)).key_id == api_key.pk  # no signal: still cached
+    auth._publish_epoch()
+    assert _fail(bearer(plaintext)).status == 401
+
+
+@pytest.mark.django_db
+def test_cache_hit_does_no_database_work(django_assert_num_queries, settings):
+    settings.AUTH_CACHE_SECONDS = 60
+    _, plaintext = make_key()
+    authenticate(bearer(plaintext))
+    with django_assert_num_queries(0):
+        authenticate(bearer(plaintext))
+        async_to_sync(aauthenticate)(bearer(plaintext))
+
+
+@pytest.mark.django_db
+def test_suspended_tenant_gets_403_on_every_key_and_recovers():
+    tenant = make_tenant()
+    plaintexts = [make_key(tenant, name=f"k{i}")[1] for i in range(2)]
+    for p in plaintexts:
+        authenticate(bearer(p))  # cache them first: suspension must beat the cache
+    tenant.set_status(Tenant.Status.SUSPENDED)
+    for p in plaintexts:
+        err = _fail(bearer(p))
+        assert err.status == 403
+        assert err.body["error"]["code"] == "tenant_suspended"
+        assert set(err.body["error"]) == {"message", "type", "param", "code"}
+    tenant.set_status(Tenant.Status.ACTIVE)
+    assert all(authenticate(bearer(p)).tenant_id == tenant.pk for p in plaintexts)
+
+
+@pytest.mark.django_db
+def test_quota_change_reaches_cached_principals():
+    tenant = make_tenant(input_tpm=10_000)
+    _, plaintext = make_key(tenant)
+    assert authenticate(bearer(plaintext)).limits().input_tpm == 10_000
+    Quota.objects.filter(tenant=tenant).update(input_tpm=20_000)  # bulk: no signal
+    Quota.objects.get(tenant=tenant).save()  # a save (admin, command) does signal
+    assert authenticate(bearer(plaintext)).limits().input_tpm == 20_000
+
+
+@pytest.mark.django_db
+def test_tenant_comes_only_from_the_key_never_headers_or_body():
+    mine, other = make_tenant("mine"), make_tenant("other")
+    _, plaintext = make_key(mine)
+    body = {"model": "sim-small", "tenant_id": other.pk, "organization": other.slug,
+            "user": other.slug}
+    scope = {"type": "http", "headers": [
+        (b"authorization", f"Bearer {plaintext}".encode()),
+        (b"openai-organization", other.slug.encode()),
+        (b"x-tenant-id", str(other.pk).encode()),
+        (b"x-tenant", other.slug.encode()),
+    ], "body": json.dumps(body).encode()}
+    principal = authenticate_scope(scope)
+    assert (principal.tenant_id, principal.tenant_slug) == (mine.pk, "mine")
+    assert async_to_sync(aauthenticate_scope)(scope).tenant_id == mine.pk
+    # Without a key, a tenant header alone gets nowhere.
+    no_key = {"type": "http", "headers": [(b"x-tenant-id", str(other.pk).encode())]}
+    with pytest.raises(AuthError) as err:
+        authenticate_scope(no_key)
+    assert err.value.body == INVALID_BODY
+
+
+@pytest.mark.django_db
+def test_two_authorization_headers_are_refused():
+    _, mine = make_key()
+    _, theirs = make_key()
+    scope = {"headers": [(b"authorization", bearer(mine).encode()),
+                         (b"Authorization", bearer(theirs).encode())]}
+    with pytest.raises(AuthError) as err:
+        authenticate_scope(scope)
+    assert err.value.status == 401
+
+
+@pytest.mark.django_db(transaction=True)  # the async miss path uses its own DB connection
+def test_async_authenticate_matches_sync():
+    _, plaintext = make_key(make_tenant())
+    principal = async_to_sync(aauthenticate)(bearer(plaintext))
+    assert principal == authenticate(bearer(plaintext))
+    with pytest.raises(AuthError) as err:
+        async_to_sync(aauthenticate)(bearer(generate_key()))
+    assert err.value.body == INVALID_BODY
+
+
+@pytest.mark.django_db
+def test_failures_are_never_cached(django_assert_num_queries):
+    unknown = bearer(generate_key())
+    for _ in range(2):
+        with django_assert_num_queries(1):  # the same single lookup every time
+            _fail(unknown)
+        with django_assert_num_queries(1):
+            _fail("Bearer junk")
+
+
+@pytest.mark.django_db
+def test_timing_is_similar_for_every_kind_of_invalid_key():
+    """Medians of many interleaved tries; the bound is loose (3x) so noise cannot flake it."""
+    tenant = make_tenant()
+    revoked, revoked_plain = make_key(tenant)
+    revoked.revoke()
+    _, good = make_key(tenant)
+    cases = {
+        "unknown": bearer(generate_key()),
+        "malformed": "Bearer " + "z" * 20,
+        "wrong checksum": bearer(_one_char_changed(good)),
+        "revoked": bearer(revoked_plain),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    order = [name for name in cases for _ in range(150)]
+    random.Random(7).shuffle(order)
+    for name in order:
+        start = time.perf_counter()
+        with contextlib.suppress(AuthError):
+            authenticate(cases[name])
+        samples[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(s) for name, s in samples.items()}
+    assert max(medians.values()) < 3 * min(medians.values()), medians
+
+
+@pytest.mark.django_db(transaction=True)
+def test_last_used_is_written_at_most_once_a_minute():
+    api_key, plaintext = make_key()
+    authenticate(bearer(plaintext))
+    flush_last_used()
+    first = ApiKey.objects.get(pk=api_key.pk).last_used_at
+    assert first is not None
+    authenticate(bearer(plaintext))
+    forget_usage()  # as if another process: the SQL guard alone must hold
+    authenticate(bearer(plaintext))
+    flush_last_used()
+    assert ApiKey.objects.get(pk=api_key.pk).last_used_at == first
+    ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=first - timedelta(minutes=2))
+    forget_usage()
+    authenticate(bearer(plaintext))
+    flush_last_used()
+    assert ApiKey.objects.get(pk=api_key.pk).last_used_at > first
+
+
+# --- two processes -------------------------------------------------------------------------------
+
+CHILD = """
+import json, os, sys, time
+import django
+django.setup()
+from tenants.auth import AuthError, authenticate
+header = "Bearer " + os.environ["TEST_KEY"]
+stop = time.time() + 30
+while time.time() < stop:
+    try:
+        authenticate(header)
+        status = 200
+    except AuthError as exc:
+        status = exc.status
+    print(json.dumps([time.time(), status]), flush=True)
+    if status != 200:
+        break
+    time.sleep(0.002)
+"""
+
+
+def _child_env(plaintext: str) -> dict[str, str]:
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST']}:{db['PORT'] or 5432}/"
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "gateway.settings",
+            "DATABASE_URL": url + db["NAME"], "TEST_KEY": plaintext,
+            # A TTL far longer than the 1 s promise: only the invalidation can meet it.
+            "AUTH_CACHE_SECONDS": "60"}
+
+
+def _watch(proc: subprocess.Popen, want: int) -> float:
+    """Timestamp of the child's first answer with status ``want``."""
+    for line in proc.stdout:
+        stamp, status = json.loads(line)
+        if status == want:
+            return stamp
+        assert status == 200, line
+    raise AssertionError(f"child ended without a {want}: {proc.stderr.read()}")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("change,status", [("revoke", 401), ("suspend", 403)])
+def test_change_reaches_another_process_within_one_second(change, status):
+    if connection.vendor != "postgresql":
+        pytest.skip("a second process needs a shared database server")
+    tenant = make_tenant()
+    api_key, plaintext = make_key(tenant)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], cwd=ROOT, env=_child_env(plaintext),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(20):  # the child has the key cached and keeps answering 200
+            answer = json.loads(proc.stdout.readline() or "[0, 0]")
+            assert answer[1] == 200, proc.stderr.read()
+        changed_at = time.time()
+        if change == "revoke":
+            api_key.revoke()
+        else:
+            tenant.set_status(Tenant.Status.SUSPENDED)
+        refused_at = _watch(proc, status)
+        lag_ms = 1000 * (refused_at - changed_at)
+        print(f"\n{change} seen by the other process after {lag_ms:.1f} ms")
+        assert refused_at - changed_at < 1.0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.django_db
+def test_redis_outage_falls_back_to_the_ttl_not_to_an_error(monkeypatch, settings):
+    import redis as redis_lib
+
+    class Down:
+        def get(self, *_):
+            raise redis_lib.ConnectionError("down")
+
+        set = get
+
+    settings.AUTH_CACHE_SECONDS = 0.2
+    api_key, plaintext = make_key()
+    monkeypatch.setattr(auth, "get_redis", Down)
+    assert authenticate(bearer(plaintext)).key_id == api_key.pk
+    api_key.revoke()  # cannot publish; the short TTL is the backstop
+    time.sleep(0.25)
+    with pytest.raises(AuthError):
+        authenticate(bearer(plaintext))

@@ -1,0 +1,584 @@
+"""A simulated continuous-batching engine: the default backend for embedded mode, tests, benchmarks.
+
+It runs no model, but it schedules like one (vLLM v1 is the reference):
+
+- One engine loop; each step it picks the batch (iteration-level scheduling, Orca): every
+  running sequence that is decoding gets one token, prompts are processed in chunks out of a
+  per-step token budget (chunked prefill), and waiting sequences are admitted, by priority then
+  arrival, while there is a free slot and their prompt's KV blocks fit.
+- KV memory is a paged block pool (``kv_cache.BlockManager``) with a per-salt prefix cache. A
+  decoding sequence that needs a new block when none is free preempts the newest running
+  sequence, which goes back to waiting and is recomputed later.
+- A step lasts as long as its work would on the modelled hardware (see ``SimConfig``), on the
+  engine's clock: real time for serving, virtual time (``clock.VirtualClock``) for simulations.
+- Output tokens are real ids of the model's tokenizer, drawn from a bigram model of the repo's
+  corpus and deterministic for (seed, prompt), so the text that streams back is words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import random
+from array import array
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from heapq import heappop, heappush
+from pathlib import Path
+
+from workers.engine.base import (
+    Engine,
+    EngineError,
+    EngineLoad,
+    EngineRequest,
+    FinishReason,
+    TokenDelta,
+    Usage,
+)
+from workers.engine.clock import Clock, RealClock
+from workers.engine.kv_cache import BlockManager, BlockTable, ModelGeometry
+from workers.tokenization import HFTokenizer, IncrementalDetokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+CORPUS = Path(__file__).resolve().parent.parent / "assets" / "corpus" / "gateway_prose.txt"
+
+WAITING, RUNNING, FINISHED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure to inject into one request, for testing the layers above the engine.
+
+    kind "error": the request fails with ``EngineError`` once it has ``after_tokens`` output
+    tokens (other requests carry on); "stall": the whole engine hangs for ``seconds`` at that
+    point, as a stuck accelerator would; "invalid_tokens": from then on the request's tokens
+    are ids outside the vocabulary (with empty text).
+    """
+
+    kind: str
+    after_tokens: int = 0
+    seconds: float = 0.0
+    retryable: bool = True
+    message: str = "injected engine fault"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The modelled hardware and scheduler. Defaults: the design's noisy-neighbour pool.
+
+    A step takes ``step_overhead_s + max(t_decode, t_prefill, t_pool)`` where
+    ``t_decode = 1 / decode_tokens_per_s`` if any sequence decodes (one token per sequence per
+    step, memory-bound), ``t_prefill = prompt tokens / prefill_tokens_per_s`` (compute-bound)
+    and ``t_pool = all tokens of the step / pool_tokens_per_s`` (the pool's total rate). So
+    "2,000 tok/s pool, 500 per sequence" gives four sequences 500 tok/s each and eight 250.
+    """
+
+    max_running_seqs: int = 64
+    block_size: int = 16
+    # KV capacity in tokens; None derives it from the geometry and the memory budget.
+    kv_cache_tokens: int | None = None
+    geometry: ModelGeometry = field(default_factory=ModelGeometry)
+    kv_memory_bytes: int = 50 * 10**9
+    # Blocks kept free at admission (fraction of all), so admission rarely forces preemption.
+    kv_watermark: float = 0.01
+    enable_prefix_caching: bool = True
+    decode_tokens_per_s: float = 500.0
+    pool_tokens_per_s: float | None = 2000.0
+    prefill_tokens_per_s: float = 20_000.0
+    prefill_chunk_tokens: int = 512
+    step_overhead_s: float = 0.0
+    max_model_len: int = 8192
+    seed: int = 0
+    model_dir: str | None = None
+    fail_request_ids: frozenset[str] = frozenset()
+    faults: Callable[[EngineRequest], Fault | None] | None = None
+
+    def __post_init__(self) -> None:
+        positive = ("max_running_seqs", "block_size", "prefill_chunk_tokens", "max_model_len")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"SimConfig.{name} must be at least 1")
+        if self.decode_tokens_per_s <= 0 or self.prefill_tokens_per_s <= 0:
+            raise ValueError("SimConfig rates must be positive")
+
+    def kv_tokens(self) -> int:
+        if self.kv_cache_tokens is not None:
+            return self.kv_cache_tokens
+        return self.geometry.kv_tokens(self.kv_memory_bytes)
+
+    def step_seconds(self, decode_seqs: int, prefill_tokens: int) -> float:
+        t = 1.0 / self.decode_tokens_per_s if decode_seqs else 0.0
+        t = max(t, prefill_tokens / self.prefill_tokens_per_s)
+        if self.pool_tokens_per_s:
+            t = max(t, (decode_seqs + prefill_tokens) / self.pool_tokens_per_s)
+        return self.step_overhead_s + t
+
+
+@dataclass(frozen=True)
+class MarkovModel:
+    """Bigram successors of each token id over the corpus, paragraphs closed by EOS."""
+
+    successors: tuple[tuple[int, ...], ...]
+    greedy: tuple[int, ...]  # most frequent successor (temperature 0)
+    starts: tuple[int, ...]  # paragraph openings, for contexts the corpus never saw
+
+
+@lru_cache(maxsize=4)
+def markov_model(tokenizer: HFTokenizer) -> MarkovModel:
+    paragraphs = [p for p in CORPUS.read_text(encoding="utf-8").split("\n\n") if p.strip()]
+    eos = tokenizer.eos_token_id
+    chain: list[int] = []
+    starts: list[int] = []
+    for text in paragraphs:
+        ids = tokenizer.encode(text.strip())
+        starts.append(ids[0])
+        chain += ids + ([eos] if eos is not None else [])
+    chain.append(chain[0])  # cyclic: after the last paragraph's EOS comes the first again
+    succ: list[list[int]] = [[] for _ in range(tokenizer.vocab_size)]
+    for a, b in itertools.pairwise(chain):
+        succ[a].append(b)
+    greedy = tuple(max(set(s), key=s.count) if s else starts[0] for s in succ)
+    return MarkovModel(tuple(tuple(s) for s in succ), greedy, tuple(starts))
+
+
+def _seed_for(seed: int, prompt: list[int]) -> int:
+    # Stable across processes (unlike hash()): the same (seed, prompt) gives the same output.
+    data = array("q", [seed % 2**63, *prompt]).tobytes()
+    digest = hashlib.blake2b(data, digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+class _Seq:
+    """One request inside the engine."""
+
+    __slots__ = (
+        "arrival",
+        "cached",
+        "detok",
+        "fault",
+        "finish_len",
+        "last",
+        "n_out",
+        "num_computed",
+        "out",
+        "prompt_len",
+        "req",
+        "rng",
+        "sent",
+        "status",
+        "stop_ids",
+        "stops",
+        "table",
+        "text",
+        "tokens",
+        "waiter",
+    )
+
+    def __init__(self, req: EngineRequest, arrival: int, eos: int | None, fault: Fault | None):
+        sp = req.sampling
+        self.req = req
+        self.arrival = arrival
+        self.prompt_len = len(req.prompt_token_ids)
+        self.tokens = list(req.prompt_token_ids)  # the context: prompt, then output ids
+        self.status = WAITING
+        self.table = BlockTable(req.cache_salt)
+        self.num_computed = 0  # leading tokens of the context whose KV is computed
+        self.n_out = 0
+        self.cached = -1  # cached prompt tokens at first admission (-1: not admitted yet)
+        self.last = req.prompt_token_ids[-1]
+        stop_ids = set(sp.stop_token_ids)
+        if eos is not None and not sp.ignore_eos:
+            stop_ids.add(eos)
+        self.stop_ids = frozenset(stop_ids)
+        self.stops = tuple(s for s in sp.stop if s)
+        self.text = ""  # output text so far, kept only to find stop strings
+        self.sent = 0  # characters of ``text`` already streamed
+        self.fault = fault
+        self.out: deque[TokenDelta | EngineError] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.rng: Callable[[], float] | None = None
+        self.detok: IncrementalDetokenizer | None = None
+        self.finish_len = 0
+
+    def usage(self) -> Usage:
+        return Usage(self.prompt_len, max(self.cached, 0), self.n_out)
+
+
+class SimulatedEngine(Engine):
+    def __init__(self, config: SimConfig | None = None, clock: Clock | None = None) -> None:
+        self.config = cfg = config or SimConfig()
+        self.clock: Clock = clock or RealClock()
+        self._tok = load_tokenizer(cfg.model_dir)
+        self._markov = markov_model(self._tok)
+        bs = cfg.block_size
+        self.blocks = BlockManager(cfg.kv_tokens() // bs, bs, cfg.enable_prefix_caching)
+        self._reserve = int(cfg.kv_watermark * self.blocks.num_blocks)
+        if self.blocks.blocks_for(cfg.max_model_len) > self.blocks.num_blocks - self._reserve:
+            # As vLLM refuses to start: one sequence at full context must fit on its own, or
+            # it could be preempted forever.
+            raise ValueError(
+                f"KV cache of {self.blocks.num_blocks * bs} tokens cannot hold one sequence "
+                f"of max_model_len={cfg.max_model_len}"
+            )
+        self._seqs: dict[str, _Seq] = {}
+        self._running: list[_Seq] = []  # admission order: the newest is preempted first
+        self._waiting: list[tuple[int, int, _Seq]] = []  # heap (priority, arrival, seq)
+        self._n_waiting = 0
+        self._arrivals = 0
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._stall_until = 0.0
+        self._step_end = float("-inf")
+        # Called after every engine step (tests check invariants here, benchmarks sample load).
+        self.on_step: Callable[[SimulatedEngine], None] | None = None
+        self.stats = {"steps": 0, "preemptions": 0, "prompt_tokens_computed": 0, "output_tokens": 0}
+
+    # -- Engine interface -----------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> HFTokenizer:
+        return self._tok
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-engine")
+
+    async def stop(self) -> None:
+        for seq in list(self._seqs.values()):
+            self._finish(seq, FinishReason.ABORT)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        seq = self._submit(request)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                while not seq.out:
+                    seq.waiter = loop.create_future()
+                    await seq.waiter
+                item = seq.out.popleft()
+                if type(item) is not TokenDelta:
+                    raise item  # type: ignore[misc]
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            # Consumer closed or cancelled before the end: that is an abort (as in vLLM).
+            if seq.status != FINISHED:
+                self._finish(seq, FinishReason.ABORT)
+
+    async def abort(self, request_id: str) -> None:
+        seq = self._seqs.get(request_id)
+        if seq is not None:
+            self._finish(seq, FinishReason.ABORT)
+            if self._wake is not None:
+                self._wake.set()  # freed blocks may let a waiter in
+
+    def load(self) -> EngineLoad:
+        bm = self.blocks
+        return EngineLoad(
+            running=len(self._running),
+            waiting=self._n_waiting,
+            max_running=self.config.max_running_seqs,
+            kv_tokens_used=bm.used_blocks * bm.block_size,
+            kv_tokens_total=bm.num_blocks * bm.block_size,
+            extra={
+                "kv_blocks_cached": float(bm.cached_blocks),
+                "preemptions": float(self.stats["preemptions"]),
+                "steps": float(self.stats["steps"]),
+            },
+        )
+
+    def check_invariants(self) -> None:
+        """Assert KV accounting: block pool invariants, refcounts match running sequences."""
+        self.blocks.check([s.table for s in self._running])
+        for _, _, seq in self._waiting:
+            assert seq.status == FINISHED or not seq.table.blocks, "waiting sequence holds blocks"
+        assert self._n_waiting == sum(1 for *_, s in self._waiting if s.status == WAITING)
+
+    # -- submission -----------------------------------------------------------------------
+
+    def _submit(self, req: EngineRequest) -> _Seq:
+        if self._task is None or self._wake is None:
+            raise EngineError("engine is not running", retryable=True)
+        self._validate(req)
+        fault = Fault("error") if req.request_id in self.config.fail_request_ids else None
+        if fault is None and self.config.faults is not None:
+            fault = self.config.faults(req)
+        seq = _Seq(req, self._arrivals, self._tok.eos_token_id, fault)
+        self._arrivals += 1
+        seed = req.sampling.seed if req.sampling.seed is not None else self.config.seed
+        if req.sampling.temperature > 0:
+            seq.rng = random.Random(_seed_for(seed, req.prompt_token_ids)).random
+        seq.detok = self._tok.detokenizer()
+        seq.finish_len = min(seq.prompt_len + req.sampling.max_tokens, self.config.max_model_len)
+        self._seqs[req.request_id] = seq
+        heappush(self._waiting, (req.priority, seq.arrival, seq))
+        self._n_waiting += 1
+        self._wake.set()
+        return seq
+
+    def _validate(self, req: EngineRequest) -> None:
+        ids, cfg = req.prompt_token_ids, self.config
+        if req.request_id in self._seqs:
+            raise EngineError(f"request id {req.request_id!r} is already running", retryable=False)
+        if not ids:
+            raise EngineError("empty prompt", retryable=False)
+        if req.sampling.max_tokens < 1:
+            raise EngineError("max_tokens must be at least 1", retryable=False)
+        if min(ids) < 0 or max(ids) >= self._tok.vocab_size:
+            raise EngineError("prompt has token ids outside the vocabulary", retryable=False)
+        if len(ids) >= cfg.max_model_len:
+            raise EngineError(
+                f"prompt of {len(ids)} tokens exceeds the context window ({cfg.max_model_len})",
+                retryable=False,
+            )
+        if self.blocks.blocks_for(len(ids) + 1) > self.blocks.num_blocks - self._reserve:
+            raise EngineError("prompt does not fit in the KV cache", retryable=False)
+
+    # -- the engine loop ------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        clock = self.clock
+        while True:
+            if not self._running and not self._n_waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if self._stall_until > clock.now():
+                await clock.sleep(self._stall_until - clock.now())
+            try:
+                start = clock.now()
+                if start - self._step_end < 0.005:
+                    # Back to back with the last step: our own Python time is part of the
+                    # modelled step, so a real-time engine keeps the configured rates.
+                    start = self._step_end
+                plan, n_decode, n_prefill = self._schedule()
+                if not plan:
+                    # Nothing can run (the head waiter does not fit yet): wait for a change.
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                self._step_end = start + self.config.step_seconds(n_decode, n_prefill)
+                await clock.sleep(max(0.0, self._step_end - clock.now()))
+                self._complete(plan)
+                if self.on_step is not None:
+                    self.on_step(self)
+            except Exception:  # the loop must outlive a bug: fail what was in flight, go on
+                log.exception("simulated engine step failed")
+                for seq in list(self._seqs.values()):
+                    self._fail(seq, EngineError("engine step failed", retryable=True))
+
+    def _schedule(self) -> tuple[list[tuple[_Seq, int]], int, int]:
+        """Pick this step's batch: (sequence, tokens to compute) pairs, decodes, prompt tokens."""
+        plan: list[tuple[_Seq, int]] = []
+        budget = self.config.prefill_chunk_tokens
+        n_decode = 0
+        for seq in list(self._running):
+            if seq.status != RUNNING:
+                continue  # preempted earlier in this pass
+            todo = seq.prompt_len + seq.n_out - seq.num_computed
+            if todo == 1:
+                if not self._reserve_slot(seq):
+                    continue
+                n_decode += 1
+                plan.append((seq, 1))
+            elif budget > 0:
+                n = min(todo, budget)
+                budget -= n
+                plan.append((seq, n))
+        budget, admitted_decodes = self._admit(plan, budget)
+        return plan, n_decode + admitted_decodes, self.config.prefill_chunk_tokens - budget
+
+    def _reserve_slot(self, seq: _Seq) -> bool:
+        """A block for the token this decode step computes; preempt the newest if none is free."""
+        while not self.blocks.append_slot(seq.table, seq.num_computed + 1):
+            victim = self._running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, plan: list[tuple[_Seq, int]], budget: int) -> tuple[int, int]:
+        """Admit waiters into free slots and blocks; returns (budget left, decode-like steps)."""
+        cfg, bm = self.config, self.blocks
+        decodes = 0
+        while self._waiting and len(self._running) < cfg.max_running_seqs and budget > 0:
+            seq = self._waiting[0][2]
+            if seq.status != WAITING:
+                heappop(self._waiting)  # finished while waiting (aborted): drop the entry
+                continue
+            tokens = seq.tokens  # prompt and output so far: a preempted sequence recomputes both
+            cached = bm.allocate(seq.table, seq.req.cache_salt, tokens, self._reserve)
+            if cached is None:
+                break  # the best waiter does not fit; later ones must not jump it (FCFS)
+            heappop(self._waiting)
+            self._n_waiting -= 1
+            seq.status = RUNNING
+            seq.num_computed = cached
+            if seq.cached < 0:
+                seq.cached = cached
+            self._running.append(seq)
+            todo = len(tokens) - cached
+            if todo == 1:  # all but the last token cached: costs what a decode step does
+                decodes += 1
+                plan.append((seq, 1))
+            else:
+                n = min(todo, budget)
+                budget -= n
+                plan.append((seq, n))
+        return budget, decodes
+
+    def _preempt(self, seq: _Seq) -> None:
+        self.blocks.free(seq.table)
+        seq.num_computed = 0
+        seq.status = WAITING
+        self._running.remove(seq)
+        heappush(self._waiting, (seq.req.priority, seq.arrival, seq))
+        self._n_waiting += 1
+        self.stats["preemptions"] += 1
+
+    # -- finishing a step -----------------------------------------------------------------
+
+    def _complete(self, plan: list[tuple[_Seq, int]]) -> None:
+        bm, bs = self.blocks, self.blocks.block_size
+        stats = self.stats
+        stats["steps"] += 1
+        finished = False
+        for seq, n in plan:
+            if seq.status != RUNNING:
+                continue  # aborted while the step ran
+            seq.num_computed += n
+            if n > 1:
+                stats["prompt_tokens_computed"] += n
+            if seq.num_computed // bs > seq.table.hashed:
+                bm.commit(seq.table, seq.tokens, seq.num_computed)
+            if seq.num_computed == seq.prompt_len + seq.n_out:
+                finished |= self._emit(seq)
+        if finished:
+            self._running = [s for s in self._running if s.status == RUNNING]
+
+    def _emit(self, seq: _Seq) -> bool:
+        """Sample the sequence's next token and stream it. True if the sequence finished."""
+        if seq.fault is not None and seq.n_out >= seq.fault.after_tokens and self._inject(seq):
+            return True
+        m = self._markov
+        succ = m.successors[seq.last]
+        if seq.rng is None:
+            tok = m.greedy[seq.last]
+        elif succ:
+            tok = succ[int(seq.rng() * len(succ))]
+        else:
+            tok = m.starts[int(seq.rng() * len(m.starts))]
+        seq.last = tok
+        fault = seq.fault
+        if fault is not None and fault.kind == "invalid_tokens" and seq.n_out >= fault.after_tokens:
+            tok = self._tok.vocab_size + seq.n_out  # the bug under test: not a vocabulary id
+            text = ""
+        else:
+            text = seq.detok.push_one(tok)
+        seq.tokens.append(tok)
+        seq.n_out += 1
+        self.stats["output_tokens"] += 1
+        reason = FinishReason.STOP if tok in seq.stop_ids else None
+        hit = False
+        if seq.stops:
+            text, hit = self._stop_strings(seq, text)
+            if hit:
+                reason = FinishReason.STOP
+        if reason is None and seq.prompt_len + seq.n_out >= seq.finish_len:
+            reason = FinishReason.LENGTH
+        if reason is None:
+            self._push(seq, TokenDelta([tok], text))
+            return False
+        self._finish(seq, reason, [tok], text, stop_hit=hit)
+        return True
+
+    def _stop_strings(self, seq: _Seq, text: str) -> tuple[str, bool]:
+        """Find stop strings in the output; hold back text that could be the start of one."""
+        before = len(seq.text)
+        seq.text += text
+        longest = max(len(s) for s in seq.stops)
+        start = max(0, before - longest + 1)
+        hits = [i for i in (seq.text.find(s, start) for s in seq.stops) if i >= 0]
+        if hits:
+            seq.text = seq.text[: min(hits)]
+            out = seq.text[seq.sent :]
+            seq.sent = len(seq.text)
+            return out, True
+        upto = max(seq.sent, len(seq.text) - longest + 1)
+        out = seq.text[seq.sent : upto]
+        seq.sent = upto
+        return out, False
+
+    def _inject(self, seq: _Seq) -> bool:
+        fault = seq.fault
+        assert fault is not None
+        if fault.kind == "error":
+            self._fail(seq, EngineError(fault.message, retryable=fault.retryable))
+            return True
+        if fault.kind == "stall":
+            self._stall_until = self.clock.now() + fault.seconds
+            seq.fault = None
+        return False
+
+    def _push(self, seq: _Seq, item: TokenDelta | EngineError) -> None:
+        seq.out.append(item)
+        waiter = seq.waiter
+        if waiter is not None:
+            seq.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _release(self, seq: _Seq, unlist: bool = True) -> None:
+        """Take the sequence out of the engine and free its KV blocks (now, not next step).
+
+        ``unlist=False`` leaves it in the running list for the end-of-step sweep (``_complete``
+        drops every finished sequence in one pass instead of one ``list.remove`` each).
+        """
+        if seq.status == RUNNING:
+            self.blocks.free(seq.table)
+            if unlist and seq in self._running:
+                self._running.remove(seq)
+        elif seq.status == WAITING:
+            self._n_waiting -= 1  # its heap entry is dropped lazily
+        seq.status = FINISHED
+        self._seqs.pop(seq.req.request_id, None)
+
+    def _finish(
+        self,
+        seq: _Seq,
+        reason: str,
+        token_ids: list[int] | None = None,
+        text: str = "",
+        stop_hit: bool = False,
+    ) -> None:
+        if seq.status == FINISHED:
+            return
+        self._release(seq, unlist=reason == FinishReason.ABORT)
+        if not stop_hit:  # after a stop string, nothing more of the text is shown
+            tail = seq.detok.flush() if seq.detok is not None else ""
+            if seq.stops:
+                seq.text += tail
+                tail = seq.text[seq.sent :]
+            text += tail
+        self._push(seq, TokenDelta(token_ids or [], text, reason, seq.usage()))
+
+    def _fail(self, seq: _Seq, error: EngineError) -> None:
+        if seq.status == FINISHED:
+            return
+        self._release(seq)
+        error.usage = seq.usage()
+        self._push(seq, error)

@@ -1,0 +1,444 @@
+"""Per-tenant queues and the weighted-fair-queueing dispatcher of a pool, in Redis.
+
+Admitted requests wait in one queue per tenant and pool. A worker with free capacity asks the
+dispatcher for work and gets the queued request with the smallest virtual finish tag
+(Demers, Keshav and Shenker, SIGCOMM 1989):
+
+    finish = max(tenant's last tag, vtime) + cost / weight
+    vtime  = max(vtime, start tag of the request entering service)
+
+Cost is counted in tokens with prices for input and output, as in Sheng et al.'s virtual token
+counter (OSDI 2024): ``WFQ_INPUT_PRICE * prompt + WFQ_OUTPUT_PRICE * max_output``. The
+estimate is corrected with the actual output when the request ends (:meth:`Wfq.complete`):
+the tenant's queued requests move up by the overcharge, bounded so that refunds never turn
+into credit a tenant can bank ahead of the others (tests/test_wfq.py measures both sides).
+
+Every operation is one Lua script in ``workers/lua/`` (the key layout and invariants are
+written there), so any number of gateway and worker processes can enqueue and dispatch at
+once: a request is never dispatched twice and never lost (see docs/adr/0001). ``Wfq`` uses
+a sync client, ``AsyncWfq`` an asyncio client; both run the same scripts and share the
+argument building and reply parsing below.
+
+``policy="fifo"`` orders by arrival instead of tag through the same scripts, so benchmarks
+compare the two policies through the same code. The policy belongs to the pool: the enqueuer's
+setting is stored with it (and may change only while the pool is empty); dispatch and remove
+follow the stored one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache, cached_property, lru_cache
+from importlib import resources
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from gateway.redis_conn import get_async_redis, get_redis, key
+
+POLICIES = ("wfq", "fifo")
+_SEP = "|"  # field separator inside a packed queue entry (see workers/lua/common.lua)
+_ID = re.compile(r"[^\s|]{1,200}")
+_POOL = re.compile(r"[^\s|:]{1,200}")  # no ':' so a pool's keys never collide with another's
+
+
+class WfqError(RuntimeError):
+    """A script refused an operation (duplicate id, policy mismatch)."""
+
+
+class DuplicateRequest(WfqError):
+    """The request id is already queued in this pool."""
+
+
+class PolicyMismatch(WfqError):
+    """The pool holds requests queued under the other policy; it switches once drained."""
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Cost per token, the virtual token counter's input and output weights."""
+
+    input: float
+    output: float
+
+    @classmethod
+    def from_settings(cls) -> Prices:
+        return cls(settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE)
+
+    def cost(self, prompt_tokens: int, output_tokens: int) -> float:
+        return self.input * prompt_tokens + self.output * output_tokens
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """A queued request as the scripts pack it: what dispatch and complete need."""
+
+    request_id: str
+    tenant_id: str
+    tag: float  # virtual finish tag
+    start_tag: float  # max(tenant's last tag, vtime) at enqueue, moved by corrections
+    arrival_vtime: float  # the pool's vtime at enqueue: corrections never start it earlier
+    cost: float  # estimated cost, to pass back to complete()
+    weight: float
+    kv_tokens: int
+    seq: int  # arrival order in the pool
+
+    @classmethod
+    def unpack(cls, entry: bytes | str) -> QueueEntry:
+        text = entry.decode() if isinstance(entry, bytes) else entry
+        finish, start, arrival, cost, weight, kv, seq, tenant, rid = text.split(_SEP, 8)
+        return cls(rid, tenant, float(finish), float(start), float(arrival), float(cost),
+                   float(weight), int(float(kv)), int(seq))
+
+
+@dataclass(frozen=True)
+class DispatchedItem(QueueEntry):
+    """A request the dispatcher moved into a worker's in-flight set."""
+
+    worker_id: str = ""
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Redis keys of one pool (layout in workers/lua/common.lua and docs/architecture.md)."""
+
+    pool: str
+
+    def __post_init__(self) -> None:
+        _check(_POOL, "pool", self.pool)
+
+    def part(self, name: str) -> str:
+        return key("wfq", self.pool, name)
+
+    @cached_property
+    def qprefix(self) -> str:
+        return key("wfq", self.pool, "q", "")
+
+    def queue(self, tenant_id: str) -> str:
+        return self.qprefix + tenant_id
+
+    @cached_property
+    def common(self) -> tuple[str, ...]:
+        # Every script gets these first, in this order (workers/lua/common.lua).
+        return tuple(self.part(name) for name in ("heads", "items", "state", "last", "shift"))
+
+
+def _keys(pool: str) -> Keys:
+    # Building keys is a measurable share of a dispatch round trip, and pools are few. The
+    # prefix is part of the cache key so a settings override still applies.
+    return _cached_keys(settings.REDIS_KEY_PREFIX, pool)
+
+
+@lru_cache(maxsize=1024)
+def _cached_keys(prefix: str, pool: str) -> Keys:
+    return Keys(pool)
+
+
+def inflight_key(worker_id: str) -> str:
+    return key("worker", worker_id, "inflight")
+
+
+def _check(pattern: re.Pattern[str], what: str, value: str) -> None:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ValueError(f"{what} must be 1-200 characters without whitespace or '|'")
+
+
+def _number(what: str, value: float, *, positive: bool = False) -> str:
+    if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0")
+    if positive and value <= 0:
+        raise ValueError(f"{what} must be > 0")
+    return repr(float(value))
+
+
+@cache
+def _source(name: str) -> str:
+    lua = resources.files("workers") / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+_SCRIPTS = ("enqueue", "dispatch", "remove", "complete", "backlog", "queued", "reset")
+
+
+# --- argument building, shared by the sync and async clients -------------------------------
+
+Call = tuple[list[str], list[str]]
+
+
+def _enqueue_call(keys: Keys, policy: str, prices: Prices, tenant_id: str, request_id: str,
+                  weight: float, prompt_tokens: int, max_output_tokens: int,
+                  kv_tokens: int) -> Call:
+    _check(_ID, "tenant_id", tenant_id)
+    _check(_ID, "request_id", request_id)
+    _number("prompt_tokens", prompt_tokens)
+    _number("max_output_tokens", max_output_tokens)
+    cost = _number("cost", prices.cost(prompt_tokens, max_output_tokens))
+    args = [policy, tenant_id, request_id, cost, _number("weight", weight, positive=True),
+            _number("kv_tokens", kv_tokens)]
+    return [*keys.common, keys.queue(tenant_id)], args
+
+
+def _dispatch_call(keys: Keys, n: int, free_slots: int, free_kv_tokens: float,
+                   overcommit: float, worker_id: str, lookahead: int) -> Call:
+    _check(_ID, "worker_id", worker_id)
+    if n < 0 or free_slots < 0 or lookahead < 0:
+        raise ValueError("n, free_slots and lookahead must be >= 0")
+    budget = float(_number("free_kv_tokens", free_kv_tokens)) * float(
+        _number("overcommit", overcommit, positive=True))
+    args = [keys.qprefix, str(min(n, free_slots)), repr(budget), str(lookahead)]
+    return [*keys.common, inflight_key(worker_id)], args
+
+
+def _remove_call(keys: Keys, tenant_id: str, request_id: str) -> Call:
+    _check(_ID, "tenant_id", tenant_id)
+    _check(_ID, "request_id", request_id)
+    return [*keys.common, keys.queue(tenant_id)], [tenant_id, request_id]
+
+
+def _complete_call(keys: Keys, tenant_id: str, estimated_cost: float, actual_cost: float,
+                   weight: float, request_id: str | None, worker_id: str | None) -> Call:
+    _check(_ID, "tenant_id", tenant_id)
+    if (request_id is None) != (worker_id is None):
+        raise ValueError("pass request_id and worker_id together, or neither")
+    inflight = inflight_key(worker_id) if worker_id is not None else keys.part("no-inflight")
+    args = [tenant_id, _number("estimated_cost", estimated_cost),
+            _number("actual_cost", actual_cost), _number("weight", weight, positive=True),
+            request_id or ""]
+    return [*keys.common, keys.queue(tenant_id), inflight], args
+
+
+# --- reply parsing -------------------------------------------------------------------------
+
+
+def _dispatched(reply: Sequence[bytes], worker_id: str) -> list[DispatchedItem]:
+    # reply[0] is the pool's vtime after the dispatch; the entries follow.
+    return [DispatchedItem(**vars(QueueEntry.unpack(e)), worker_id=worker_id) for e in reply[1:]]
+
+
+def _backlog(reply: Sequence[Any]) -> dict[str, int]:
+    return {reply[i].decode(): int(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+
+def _queued(entries: Sequence[bytes]) -> list[QueueEntry]:
+    return sorted((QueueEntry.unpack(e) for e in entries), key=lambda e: e.seq)
+
+
+def _raise_script_error(exc: redis.ResponseError) -> None:
+    text = str(exc)
+    if "WFQDUP" in text:
+        raise DuplicateRequest(text) from exc
+    if "WFQPOLICY" in text:
+        raise PolicyMismatch(text) from exc
+    if "WFQARG" in text:
+        raise ValueError(text) from exc
+    raise exc
+
+
+class _Base:
+    def __init__(self, client: Any, policy: str, prices: Prices | None) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}")
+        self.client, self.policy, self._prices = client, policy, prices
+        self._scripts = {name: client.register_script(_source(name)) for name in _SCRIPTS}
+
+    @property
+    def prices(self) -> Prices:
+        # Read per call so a settings change (or a test override) applies without a restart.
+        return self._prices or Prices.from_settings()
+
+
+class Wfq(_Base):
+    """The dispatcher on a sync redis-py client (Django views, Celery, management commands)."""
+
+    def __init__(self, client: redis.Redis | None = None, *, policy: str = "wfq",
+                 prices: Prices | None = None) -> None:
+        super().__init__(client or get_redis(), policy, prices)
+
+    def _run(self, name: str, call: Call) -> Any:
+        try:
+            return self._scripts[name](keys=call[0], args=call[1])
+        except redis.ResponseError as exc:
+            _raise_script_error(exc)
+
+    def enqueue(self, pool: str, tenant_id: str, request_id: str, *, weight: float,
+                prompt_tokens: int, max_output_tokens: int, kv_tokens: int) -> float:
+        """Queue a request; returns its finish tag. Raises DuplicateRequest if already queued."""
+        call = _enqueue_call(_keys(pool), self.policy, self.prices, tenant_id, request_id,
+                             weight, prompt_tokens, max_output_tokens, kv_tokens)
+        return float(self._run("enqueue", call))
+
+    def dispatch_many(self, pool: str, *, n: int, free_slots: int, free_kv_tokens: float,
+                      worker_id: str, overcommit: float = 1.0,
+                      lookahead: int = 0) -> list[DispatchedItem]:
+        """Move up to n requests, smallest tag first, into worker_id's free capacity."""
+        call = _dispatch_call(_keys(pool), n, free_slots, free_kv_tokens,
+                              overcommit, worker_id, lookahead)
+        return _dispatched(self._run("dispatch", call), worker_id)
+
+    def dispatch(self, pool: str, *, free_slots: int, free_kv_tokens: float, worker_id: str,
+                 overcommit: float = 1.0, lookahead: int = 0) -> DispatchedItem | None:
+        """The next request if it fits (a free slot, kv_tokens <= free x overcommit), else None."""
+        items = self.dispatch_many(pool, n=1, free_slots=free_slots,
+                                   free_kv_tokens=free_kv_tokens, worker_id=worker_id,
+                                   overcommit=overcommit, lookahead=lookahead)
+        return items[0] if items else None
+
+    def remove(self, pool: str, tenant_id: str, request_id: str) -> bool:
+        """Drop a still-queued request of this tenant; False if it is not queued."""
+        return self._run("remove", _remove_call(_keys(pool), tenant_id,
+                                                request_id)) == 1
+
+    def complete(self, pool: str, tenant_id: str, *, estimated_cost: float, actual_cost: float,
+                 weight: float, request_id: str | None = None,
+                 worker_id: str | None = None) -> float | None:
+        """Move the tenant in virtual time by (actual - estimated) / weight.
+
+        Its queued requests (all queued behind this one) and its last tag move together, as if
+        the estimate had been exact. Credit never starts the head before the vtime it arrived
+        at, nor more than this credit behind the current vtime, so refunds of requests that ran
+        in parallel cannot pile up; with nothing queued, the next enqueue gets the credit, not
+        below vtime (shift_queue and move_last in workers/lua/common.lua).
+        With request_id and worker_id, the same script removes the id from the worker's
+        in-flight set and corrects only if it was there, so a retried call corrects once.
+        Returns the new last tag, or None when that correction had already happened.
+        """
+        call = _complete_call(_keys(pool), tenant_id, estimated_cost, actual_cost, weight,
+                              request_id, worker_id)
+        reply = self._run("complete", call)
+        return None if reply is None else float(reply)
+
+    def backlog(self, pool: str) -> dict[str, int]:
+        keys = _keys(pool)
+        return _backlog(self._run("backlog", (list(keys.common), [keys.qprefix])))
+
+    def queued_requests(self, pool: str) -> list[QueueEntry]:
+        """Every queued request of the pool with its current tags, in arrival order."""
+        return _queued(self._run("queued", (list(_keys(pool).common), [])))
+
+    def vtime(self, pool: str) -> float:
+        return float(self.client.hget(_keys(pool).part("state"), "vtime") or 0)
+
+    def reset(self, pool: str) -> None:
+        """Delete every key of the pool, its policy included (tests, benchmarks)."""
+        keys = _keys(pool)
+        self._run("reset", (list(keys.common), [keys.qprefix]))
+
+
+class AsyncWfq(_Base):
+    """The same dispatcher on an asyncio client (the ASGI gateway, async worker loops)."""
+
+    def __init__(self, client: aioredis.Redis | None = None, *, policy: str = "wfq",
+                 prices: Prices | None = None) -> None:
+        super().__init__(client or get_async_redis(), policy, prices)
+
+    async def _run(self, name: str, call: Call) -> Any:
+        try:
+            return await self._scripts[name](keys=call[0], args=call[1])
+        except redis.ResponseError as exc:
+            _raise_script_error(exc)
+
+    async def enqueue(self, pool: str, tenant_id: str, request_id: str, *, weight: float,
+                      prompt_tokens: int, max_output_tokens: int, kv_tokens: int) -> float:
+        call = _enqueue_call(_keys(pool), self.policy, self.prices, tenant_id, request_id,
+                             weight, prompt_tokens, max_output_tokens, kv_tokens)
+        return float(await self._run("enqueue", call))
+
+    async def dispatch_many(self, pool: str, *, n: int, free_slots: int,
+                            free_kv_tokens: float, worker_id: str, overcommit: float = 1.0,
+                            lookahead: int = 0) -> list[DispatchedItem]:
+        call = _dispatch_call(_keys(pool), n, free_slots, free_kv_tokens,
+                              overcommit, worker_id, lookahead)
+        return _dispatched(await self._run("dispatch", call), worker_id)
+
+    async def dispatch(self, pool: str, *, free_slots: int, free_kv_tokens: float,
+                       worker_id: str, overcommit: float = 1.0,
+                       lookahead: int = 0) -> DispatchedItem | None:
+        items = await self.dispatch_many(pool, n=1, free_slots=free_slots,
+                                         free_kv_tokens=free_kv_tokens, worker_id=worker_id,
+                                         overcommit=overcommit, lookahead=lookahead)
+        return items[0] if items else None
+
+    async def remove(self, pool: str, tenant_id: str, request_id: str) -> bool:
+        call = _remove_call(_keys(pool), tenant_id, request_id)
+        return await self._run("remove", call) == 1
+
+    async def complete(self, pool: str, tenant_id: str, *, estimated_cost: float,
+                       actual_cost: float, weight: float, request_id: str | None = None,
+                       worker_id: str | None = None) -> float | None:
+        call = _complete_call(_keys(pool), tenant_id, estimated_cost, actual_cost, weight,
+                              request_id, worker_id)
+        reply = await self._run("complete", call)
+        return None if reply is None else float(reply)
+
+    async def backlog(self, pool: str) -> dict[str, int]:
+        keys = _keys(pool)
+        return _backlog(await self._run("backlog", (list(keys.common), [keys.qprefix])))
+
+    async def queued_requests(self, pool: str) -> list[QueueEntry]:
+        return _queued(await self._run("queued", (list(_keys(pool).common), [])))
+
+    async def vtime(self, pool: str) -> float:
+        return float(await self.client.hget(_keys(pool).part("state"), "vtime") or 0)
+
+    async def reset(self, pool: str) -> None:
+        keys = _keys(pool)
+        await self._run("reset", (list(keys.common), [keys.qprefix]))
+
+
+# --- module-level shortcuts on the process's shared sync client ----------------------------
+# Only enqueue takes a policy: every other operation follows the one stored with the pool.
+
+
+@cache
+def _default(policy: str) -> Wfq:
+    return Wfq(policy=policy)
+
+
+def enqueue(pool: str, tenant_id: str, request_id: str, *, weight: float, prompt_tokens: int,
+            max_output_tokens: int, kv_tokens: int, policy: str = "wfq") -> float:
+    return _default(policy).enqueue(pool, tenant_id, request_id, weight=weight,
+                                    prompt_tokens=prompt_tokens,
+                                    max_output_tokens=max_output_tokens, kv_tokens=kv_tokens)
+
+
+def dispatch(pool: str, *, free_slots: int, free_kv_tokens: float, worker_id: str,
+             overcommit: float = 1.0, lookahead: int = 0) -> DispatchedItem | None:
+    return _default("wfq").dispatch(pool, free_slots=free_slots, free_kv_tokens=free_kv_tokens,
+                                     worker_id=worker_id, overcommit=overcommit,
+                                     lookahead=lookahead)
+
+
+def dispatch_many(pool: str, *, n: int, free_slots: int, free_kv_tokens: float, worker_id: str,
+                  overcommit: float = 1.0, lookahead: int = 0) -> list[DispatchedItem]:
+    return _default("wfq").dispatch_many(pool, n=n, free_slots=free_slots,
+                                          free_kv_tokens=free_kv_tokens, worker_id=worker_id,
+                                          overcommit=overcommit, lookahead=lookahead)
+
+
+def remove(pool: str, tenant_id: str, request_id: str) -> bool:
+    return _default("wfq").remove(pool, tenant_id, request_id)
+
+
+def complete(pool: str, tenant_id: str, *, estimated_cost: float, actual_cost: float,
+             weight: float, request_id: str | None = None,
+             worker_id: str | None = None) -> float | None:
+    return _default("wfq").complete(pool, tenant_id, estimated_cost=estimated_cost,
+                                    actual_cost=actual_cost, weight=weight,
+                                    request_id=request_id, worker_id=worker_id)
+
+
+def backlog(pool: str) -> dict[str, int]:
+    return _default("wfq").backlog(pool)
+
+
+def queued_requests(pool: str) -> list[QueueEntry]:
+    return _default("wfq").queued_requests(pool)
+
+
+def reset(pool: str) -> None:
+    _default("wfq").reset(pool)
