@@ -25,3 +25,13 @@ def _use_gateway_redis(sender: Celery, **_: object) -> None:
 
 
 app.autodiscover_tasks()
+
+
+def _install_engine_host() -> None:
+    # `celery -A gateway worker --engine-pool NAME` hosts that pool's engine (workers.host).
+    from workers.host import install
+
+    install(app)
+
+
+_install_engine_host()

@@ -33,17 +33,30 @@ def get_redis() -> redis.Redis:
     return redis.Redis.from_url(redis_url(), health_check_interval=30)
 
 
-_async_clients: dict[int, aioredis.Redis] = {}
+_async_clients: dict[int, tuple[asyncio.AbstractEventLoop, aioredis.Redis]] = {}
+ASYNC_MAX_CONNECTIONS = 512
+ASYNC_POOL_TIMEOUT_S = 10.0
 
 
 def get_async_redis() -> aioredis.Redis:
-    """An asyncio client bound to the running loop (clients cannot cross event loops)."""
-    loop_id = id(asyncio.get_running_loop())
-    client = _async_clients.get(loop_id)
-    if client is None:
-        client = aioredis.Redis.from_url(redis_url(), health_check_interval=30)
-        _async_clients[loop_id] = client
-    return client
+    """An asyncio client bound to the running loop (clients cannot cross event loops).
+
+    Keyed by the loop's id but checked against the loop itself: a new loop can reuse a closed
+    loop's id and must not be handed that loop's dead connections.
+    """
+    loop = asyncio.get_running_loop()
+    found = _async_clients.get(id(loop))
+    if found is None or found[0] is not loop:
+        # A blocking pool: past ASYNC_MAX_CONNECTIONS a caller waits for a free connection.
+        # redis-py's default async pool instead raises MaxConnectionsError at 100, which failed
+        # requests (and worker settlements) whenever a burst had >100 Redis calls in flight.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            redis_url(), max_connections=ASYNC_MAX_CONNECTIONS, timeout=ASYNC_POOL_TIMEOUT_S,
+            health_check_interval=30,
+        )
+        found = (loop, aioredis.Redis(connection_pool=pool))
+        _async_clients[id(loop)] = found
+    return found[1]
 
 
 def key(*parts: object) -> str:

@@ -57,9 +57,15 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "tenants",
     "metering",
+    "metering.billing",
     "workers",
+    "gateway.contentlog",
+    "gateway.portal",
+    "gateway.api",
 ]
 
 MIDDLEWARE = [
@@ -124,7 +130,17 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/portal/login/"
+LOGIN_REDIRECT_URL = "/portal/"
+LOGOUT_REDIRECT_URL = "/portal/login/"
+# Mail (spend alerts): console by default; set EMAIL_BACKEND/EMAIL_HOST to send for real.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gateway@localhost")
+# Finance exports: files land here; ranges with more rollup rows than this run as a Celery task.
+MEDIA_ROOT = VAR_DIR / "media"
+EXPORT_INLINE_MAX_ROWS = env_int("EXPORT_INLINE_MAX_ROWS", 5000, minimum=1)
 
 # Request bodies: the inference API accepts large prompts, but not unbounded ones.
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 4 * 1024 * 1024, minimum=1024)
@@ -136,21 +152,47 @@ WORKER_DEAD_AFTER_SECONDS = env_float("WORKER_DEAD_AFTER_SECONDS", 5.0, minimum=
 WFQ_INPUT_PRICE = env_float("WFQ_INPUT_PRICE", 1.0, minimum=0.0)
 WFQ_OUTPUT_PRICE = env_float("WFQ_OUTPUT_PRICE", 2.0, minimum=0.0)
 
-# Celery on Redis. Generations never run as Celery tasks that could be redelivered (ADR 0002):
-# tasks are short, acked early, and the engine loop owns the long-lived sequences.
+# Celery on Redis (docs/adr/0002). Generations never run as Celery tasks: a pool worker's engine
+# host pulls them from the WFQ, which moves each id atomically into that worker's in-flight set,
+# so no broker redelivery can re-run one. Celery carries only short, idempotent tasks (janitor,
+# usage flush): acked on receipt, one at a time, never redelivered after a worker is lost.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "")  # empty: same as REDIS_URL
 CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_REJECT_ON_WORKER_LOST = False
+CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
+# Only matters for late acks (none here); an hour keeps a stray late-ack task from reappearing
+# while it still runs.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_SEND_TASK_EVENTS = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 
 REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
+    # Management API (gateway.api): session or management token, errors shaped like OpenAI's.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "gateway.api.authentication.ManagementTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "gateway.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Inference gateway management API",
+    "DESCRIPTION": "Tenants, keys, members, quotas, usage, reports, pools and models.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",  # served locally: no CDN
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
@@ -163,3 +205,39 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
 }
+
+# --- Data protection and enterprise sign-in (issue 8; docs/adr/0004) --------------------------
+# Content log master keys, newest first: "kid2:<base64 32 bytes>,kid1:<...>" (or
+# CONTENT_LOG_MASTER_KEYS_FILE). Empty: a development key generated under VAR_DIR, with a warning.
+CONTENT_LOG_MASTER_KEYS = env_str("CONTENT_LOG_MASTER_KEYS", "")
+if not CONTENT_LOG_MASTER_KEYS and env_bool("GATEWAY_REQUIRE_SECRETS", False):
+    raise ImproperSetting("CONTENT_LOG_MASTER_KEYS must be set when GATEWAY_REQUIRE_SECRETS is on")
+CONTENT_LOG_MAX_RETENTION_DAYS = 30  # the policy's ceiling, not a knob
+CONTENT_LOG_MAX_PENDING = env_int("CONTENT_LOG_MAX_PENDING", 100_000, minimum=1)
+# Break-glass: self-approval (with an alert to ADMINS) only if explicitly allowed.
+BREAKGLASS_SELF_APPROVAL = env_bool("BREAKGLASS_SELF_APPROVAL", False)
+BREAKGLASS_MAX_MINUTES = env_int("BREAKGLASS_MAX_MINUTES", 8 * 60, minimum=1)
+ADMINS = [("Platform", a) for a in env_list("ADMIN_EMAILS", [])]
+# OIDC bearer tokens (tenants.oidc): clock skew allowed on exp/nbf, JWKS caching.
+OIDC_LEEWAY_SECONDS = env_int("OIDC_LEEWAY_SECONDS", 30, minimum=0)
+OIDC_JWKS_CACHE_SECONDS = env_int("OIDC_JWKS_CACHE_SECONDS", 300, minimum=1)
+OIDC_JWKS_MIN_REFRESH_SECONDS = env_float("OIDC_JWKS_MIN_REFRESH_SECONDS", 30.0, minimum=0.0)
+OIDC_HTTP_TIMEOUT_SECONDS = env_float("OIDC_HTTP_TIMEOUT_SECONDS", 3.0, minimum=0.1)
+# Mutual TLS behind a TLS-terminating proxy (tenants.mtls): the certificate headers are read
+# only from peers in TRUSTED_PROXY_CIDRS; from anyone else they are ignored.
+TRUSTED_PROXY_CIDRS = env_list("TRUSTED_PROXY_CIDRS", [])
+for _cidr in TRUSTED_PROXY_CIDRS:
+    try:
+        __import__("ipaddress").ip_network(_cidr, strict=False)
+    except ValueError:
+        raise ImproperSetting(f"TRUSTED_PROXY_CIDRS: {_cidr!r} is not a CIDR") from None
+MTLS_CERT_HEADER = env_str("MTLS_CERT_HEADER", "X-SSL-Client-Cert")
+MTLS_FINGERPRINT_HEADER = env_str("MTLS_FINGERPRINT_HEADER", "X-SSL-Client-Fingerprint")
+# Portal SSO (gateway.sso, mozilla-django-oidc), configured per tenant on its IdentityProvider.
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "gateway.sso.TenantOIDCBackend",
+]
+OIDC_AUTHENTICATION_CALLBACK_URL = "sso:callback"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = OIDC_HTTP_TIMEOUT_SECONDS

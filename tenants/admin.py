@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from tenants.admin_planner import CapacityPlanAdminMixin
 from tenants.keys import assign_secret
 from tenants.limits import key_cap_errors, quota_errors, quota_table
 from tenants.models import (
@@ -58,7 +59,7 @@ class ServedModelAdmin(admin.ModelAdmin):
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin):
+class PoolAdmin(CapacityPlanAdminMixin, admin.ModelAdmin):
     list_display = ["name", "model", "region", "backend", "max_sequences", "kv_cache_tokens",
                     "dedicated_to", "enabled"]
     list_filter = ["enabled", "backend", "region", "model"]
@@ -302,3 +303,6 @@ class MembershipAdmin(admin.ModelAdmin):
     list_select_related = ["user", "tenant"]
     autocomplete_fields = ["user", "tenant"]
 
+
+# Identity providers and client-certificate bindings (issue 8) have their own admin module.
+from tenants import admin_signin  # noqa: E402, F401

@@ -296,6 +296,8 @@ def _store(found: tuple[Principal, str] | None, epoch: bytes | None) -> None:
 def clear_cache() -> None:
     """Drop this process's cached principals (tests, and after this process changes a key)."""
     _cache.clear()
+    _other_cache.clear()
+    _registrations.clear()
 
 
 def invalidate_principals() -> None:
@@ -375,3 +377,165 @@ def forget_usage(key_ids: Iterable[int] | None = None) -> None:
             _touched.clear()
         for key_id in key_ids or ():
             _touched.pop(key_id, None)
+
+
+# --- OIDC bearer tokens and mutual TLS (tenants.oidc, tenants.mtls) --------------------------
+#
+# ``authenticate_request`` tries, in order: an API key in Authorization, an OIDC JWT in
+# Authorization, then a client certificate forwarded by a trusted proxy. The first credential
+# presented decides: a bad one is a 401 and never falls through to the next kind. Principals for
+# OIDC registrations and certificate bindings carry the tenant's limits and a synthetic negative
+# ``key_id`` (even: OIDC registration, odd: certificate), so per-key counters stay separate per
+# credential and never collide with API keys. They are cached like key principals, under the
+# auth epoch (registrations and bindings bump it on save/delete).
+
+_other_cache: dict[tuple[Any, ...], _Entry] = {}
+
+
+def principal_for_tenant(tenant: Tenant, *, key_id: int, key_prefix: str) -> Principal:
+    """A Principal with the tenant's own limits, for credentials that are not API keys."""
+    return Principal(
+        tenant_id=tenant.pk,
+        tenant_slug=tenant.slug,
+        tenant_weight=tenant.tier.weight,
+        tenant_region=tenant.region,
+        key_id=key_id,
+        key_prefix=key_prefix,
+        allowed_model_names=frozenset(),
+        key_caps=KeyCaps(),
+        content_logging=tenant.content_logging,
+        tenant_active=tenant.is_active,
+        quotas=MappingProxyType(quota_table(tenant)),
+    )
+
+
+def _other_cached(cache_key: tuple[Any, ...]) -> tuple[Principal, Any] | None:
+    entry = _other_cache.get(cache_key)
+    if entry and entry.epoch == _read_epoch() and time.monotonic() < entry.fresh_until:
+        return entry.principal, entry
+    return None
+
+
+def _other_store(cache_key: tuple[Any, ...], principal: Principal) -> None:
+    if settings.AUTH_CACHE_SECONDS <= 0:
+        return
+    if len(_other_cache) >= _MAX_CACHE_ENTRIES:
+        _other_cache.clear()
+    _other_cache[cache_key] = _Entry(
+        principal, time.monotonic() + settings.AUTH_CACHE_SECONDS, _read_epoch()
+    )
+
+
+def _admit_tenant(principal: Principal) -> Principal:
+    if not principal.tenant_active:
+        raise tenant_suspended()
+    return principal
+
+
+def authenticate_jwt(token: str) -> Principal:
+    """Verify an OIDC bearer JWT against its tenant's registration; the same 401 on failure.
+
+    With a warm cache this makes no database query: the registration and its Principal are
+    cached per (iss, aud) under the auth epoch; the signature and claims are checked every time.
+    """
+    from tenants import oidc
+
+    try:
+        iss, auds = oidc.unverified_issuer_audiences(token)
+        provider, principal = _registration(oidc, iss, auds)
+        claims = oidc.verify_token(token, provider, audience=provider.audience)
+        oidc.subject_of(claims, provider)
+    except oidc.TokenRejected as exc:
+        log.info("OIDC token rejected: %s", exc)
+        raise invalid_key() from None
+    return _admit_tenant(principal)
+
+
+_registrations: dict[tuple[str, tuple[str, ...]], tuple[Any, Principal, float, Any]] = {}
+
+
+def _registration(oidc: Any, iss: str, auds: list[str]) -> tuple[Any, Principal]:
+    cache_key = (iss, tuple(sorted(auds)))
+    epoch = _read_epoch()
+    hit = _registrations.get(cache_key)
+    if hit and hit[3] == epoch and time.monotonic() < hit[2]:
+        return hit[0], hit[1]
+    provider = oidc.find_provider(iss, auds)
+    principal = principal_for_tenant(
+        provider.tenant, key_id=oidc.synthetic_key_id(provider.pk), key_prefix=f"oidc:{provider.pk}"
+    )
+    if settings.AUTH_CACHE_SECONDS > 0:
+        if len(_registrations) >= _MAX_CACHE_ENTRIES:
+            _registrations.clear()
+        _registrations[cache_key] = (provider, principal,
+                                     time.monotonic() + settings.AUTH_CACHE_SECONDS, epoch)
+    return provider, principal
+
+
+def authenticate_certificate(fingerprint: str) -> Principal:
+    """The tenant a client certificate (SHA-256 fingerprint) is bound to; 401 if none."""
+    from tenants import mtls
+
+    cache_key = ("mtls", fingerprint)
+    hit = _other_cached(cache_key)
+    if hit:
+        return _admit_tenant(hit[0])
+    binding = mtls.binding_for(fingerprint)
+    if binding is None:
+        raise invalid_key()
+    principal = principal_for_tenant(
+        binding.tenant, key_id=mtls.synthetic_key_id(binding.pk),
+        key_prefix=f"mtls:{fingerprint[:12]}",
+    )
+    _other_store(cache_key, principal)
+    return _admit_tenant(principal)
+
+
+def _single(headers: Mapping[str, str], name: str) -> str | None:
+    values = [v for k, v in headers.items() if k.lower() == name]
+    return values[0] if len(values) == 1 else None
+
+
+def authenticate_request(headers: Mapping[str, str], client_ip: str | None) -> Principal:
+    """API key, then OIDC bearer JWT, then a trusted proxy's client certificate."""
+    from tenants import mtls, oidc
+
+    authorization = _single(headers, "authorization")
+    token = bearer_token(authorization)
+    if token:
+        if parse_key(token) is None and oidc.looks_like_jwt(token):
+            return authenticate_jwt(token)
+        return authenticate(authorization)
+    fingerprint = mtls.client_fingerprint(headers, client_ip)
+    if fingerprint:
+        return authenticate_certificate(fingerprint)
+    return authenticate(authorization)  # no credential at all: the usual 401
+
+
+async def aauthenticate_request(headers: Mapping[str, str], client_ip: str | None) -> Principal:
+    """``authenticate_request`` for the event loop (API keys stay on the async fast path)."""
+    authorization = _single(headers, "authorization")
+    token = bearer_token(authorization)
+    if token and parse_key(token) is not None:
+        return await aauthenticate(authorization)
+    return await database_sync_to_async(authenticate_request)(headers, client_ip)
+
+
+def headers_from_scope(scope: Mapping[str, Any]) -> tuple[dict[str, str], str | None]:
+    """(headers, peer address) of an ASGI scope; a repeated header is dropped as ambiguous."""
+    seen: dict[str, str] = {}
+    repeated: set[str] = set()
+    for raw_name, raw_value in scope.get("headers", ()):
+        name = raw_name.decode("latin-1").lower()
+        if name in seen:
+            repeated.add(name)
+        seen[name] = raw_value.decode("latin-1")
+    client = scope.get("client")
+    return ({k: v for k, v in seen.items() if k not in repeated},
+            client[0] if client else None)
+
+
+async def aauthenticate_scope_request(scope: Mapping[str, Any]) -> Principal:
+    """What an inference consumer calls to accept API keys, OIDC tokens and mTLS."""
+    headers, client_ip = headers_from_scope(scope)
+    return await aauthenticate_request(headers, client_ip)

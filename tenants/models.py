@@ -10,7 +10,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -130,6 +130,12 @@ class Tenant(models.Model):
     region = models.CharField(max_length=64, default=settings.DEFAULT_REGION)
     content_logging = models.BooleanField(
         default=False, help_text="Opt-in: store prompts and responses, encrypted, short retention."
+    )
+    # Changed only through gateway.contentlog.lifecycle.set_retention_days, which also pulls in
+    # the expiry of records already written; hence not editable in model forms.
+    content_retention_days = models.PositiveSmallIntegerField(
+        default=7, editable=False, validators=[MinValueValidator(1), MaxValueValidator(30)],
+        help_text="Days a logged prompt/response is kept before the purge deletes it (1-30).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -346,3 +352,104 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.tenant} ({self.role})"
+
+
+# --- enterprise sign-in: identity providers (tenants.oidc) and client certificates (tenants.mtls)
+
+# Asymmetric algorithms only. HS* would let anyone holding the public JWKS forge tokens if a
+# verifier ever used a public key as an HMAC secret; "none" is never a signature.
+SIGNING_ALGORITHMS = (
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+)
+
+
+def _default_algorithms() -> list[str]:
+    return ["RS256", "ES256"]
+
+
+def _default_claim_mapping() -> dict[str, str]:
+    return {"subject": "sub", "email": "email"}
+
+
+class IdentityProvider(models.Model):
+    """A tenant's OIDC identity provider: bearer tokens for the API, and optional portal SSO.
+
+    The tenant of a token is the tenant of the registration its (issuer, audience) match, never a
+    claim in the token, so (issuer, audience) is unique across all tenants.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="identity_providers")
+    name = models.CharField(max_length=100)
+    issuer = models.URLField(max_length=500, help_text="Exact `iss` value of the tokens.")
+    audience = models.CharField(
+        max_length=255, help_text="`aud` the tokens must carry for the inference API."
+    )
+    jwks_url = models.URLField(max_length=500, blank=True, help_text="The provider's JWKS URL.")
+    jwks_json = models.JSONField(
+        null=True, blank=True, help_text="Uploaded JWKS ({'keys': [...]}) instead of a URL."
+    )
+    algorithms = models.JSONField(default=_default_algorithms, help_text="Allowed `alg` values.")
+    claim_mapping = models.JSONField(
+        default=_default_claim_mapping, blank=True,
+        help_text="Claim names: subject (who), email; sso_role_claim + sso_roles for SSO roles.",
+    )
+    api_enabled = models.BooleanField(default=True, help_text="Accept its tokens on the API.")
+    # Portal single sign-on (gateway.sso): authorization-code flow with PKCE.
+    sso_enabled = models.BooleanField(default=False)
+    sso_client_id = models.CharField(max_length=255, blank=True)
+    sso_client_secret = models.CharField(max_length=500, blank=True)
+    sso_authorization_endpoint = models.URLField(max_length=500, blank=True)
+    sso_token_endpoint = models.URLField(max_length=500, blank=True)
+    sso_userinfo_endpoint = models.URLField(max_length=500, blank=True)
+    sso_default_role = models.CharField(max_length=16, default="member")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "audience"], name="one_idp_per_iss_aud"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.issuer})"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        algs = self.algorithms if isinstance(self.algorithms, list) else []
+        if not algs or any(a not in SIGNING_ALGORITHMS for a in algs):
+            errors["algorithms"] = f"Choose from {', '.join(SIGNING_ALGORITHMS)}."
+        if bool(self.jwks_url) == bool(self.jwks_json):
+            errors["jwks_url"] = "Give either a JWKS URL or an uploaded JWKS, not both."
+        if self.jwks_json and not isinstance(self.jwks_json.get("keys"), list):
+            errors["jwks_json"] = "A JWKS is an object with a 'keys' list."
+        if self.sso_default_role not in Membership.Role.values:
+            errors["sso_default_role"] = f"One of {', '.join(Membership.Role.values)}."
+        if errors:
+            raise ValidationError(errors)
+
+
+class ClientCertificate(models.Model):
+    """A client certificate (by SHA-256 fingerprint of its DER) bound to one tenant (mTLS)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="client_certificates")
+    name = models.CharField(max_length=100)
+    fingerprint_sha256 = models.CharField(
+        max_length=64, unique=True, help_text="64 lowercase hex digits, no colons."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint_sha256[:16]}…)"
+
+    def clean(self) -> None:
+        from tenants.mtls import normalize_fingerprint
+
+        fingerprint = normalize_fingerprint(self.fingerprint_sha256)
+        if fingerprint is None:
+            raise ValidationError({"fingerprint_sha256": "Not a SHA-256 fingerprint."})
+        self.fingerprint_sha256 = fingerprint

@@ -15,7 +15,15 @@ from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
 from tenants.auth import invalidate_principals
-from tenants.models import ApiKey, Quota, ServedModel, Tenant, Tier
+from tenants.models import (
+    ApiKey,
+    ClientCertificate,
+    IdentityProvider,
+    Quota,
+    ServedModel,
+    Tenant,
+    Tier,
+)
 
 
 def _changed(sender: type, instance: Any, created: bool = False, **kwargs: Any) -> None:
@@ -24,7 +32,7 @@ def _changed(sender: type, instance: Any, created: bool = False, **kwargs: Any) 
     invalidate_principals()
 
 
-for model in (Tier, Tenant, Quota, ApiKey, ServedModel):
+for model in (Tier, Tenant, Quota, ApiKey, ServedModel, IdentityProvider, ClientCertificate):
     post_save.connect(_changed, sender=model, dispatch_uid=f"auth-epoch-save-{model.__name__}")
     post_delete.connect(_changed, sender=model, dispatch_uid=f"auth-epoch-del-{model.__name__}")
 

@@ -1,0 +1,1 @@
+"""Management REST API: tenants, keys, members, quotas, usage, reports, pools and models."""

@@ -1,0 +1,199 @@
+"""Serializers. Keys never expose their hash; a new key's plaintext appears once, on create."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from gateway.portal.forms import models_for
+from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
+from metering.models import UsageRecord, UsageRollup
+from tenants.limits import key_cap_errors, quota_table
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Pool, Quota, ServedModel, Tenant
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ["id", "name", "slug", "status", "tier", "region", "content_logging",
+                  "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    allowed_models = serializers.SlugRelatedField(
+        many=True, slug_field="name", queryset=ServedModel.objects.all(), required=False
+    )
+    created_by = serializers.StringRelatedField()
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "last_four", "allowed_models", *LIMIT_FIELDS,
+                  "created_by", "created_at", "expires_at", "revoked_at", "last_used_at"]
+        read_only_fields = ["id", "prefix", "last_four", "created_by", "created_at",
+                            "revoked_at", "last_used_at"]
+
+    def validate_allowed_models(self, value: list[ServedModel]) -> list[ServedModel]:
+        usable = set(models_for(self.context["tenant"]))
+        if bad := [m.name for m in value if m not in usable]:
+            raise serializers.ValidationError(f"Not available to this tenant: {', '.join(bad)}")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        caps = {f: attrs[f] for f in LIMIT_FIELDS if attrs.get(f) is not None}
+        errors = key_cap_errors(caps, quota_table(self.context["tenant"]))
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class NewApiKeySerializer(ApiKeySerializer):
+    key = serializers.CharField(read_only=True, help_text="The key itself. Shown only once.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+
+class RotateSerializer(serializers.Serializer):
+    grace_seconds = serializers.IntegerField(min_value=0, max_value=90 * 86400, default=86400)
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    user = serializers.CharField(
+        help_text="Username or email of an existing user (on create).", source="user.username",
+    )
+    email = serializers.EmailField(source="user.email", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user", "email", "role", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+    def validate_user(self, value: str) -> str:
+        if self.instance is not None and value != self.instance.user.username:
+            raise serializers.ValidationError("A membership's user cannot change.")
+        return value
+
+    def create(self, validated: dict[str, Any]) -> Membership:
+        from gateway.portal.membership import add
+
+        return add(self.context["tenant"], validated["user"]["username"], validated["role"])
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(
+        slug_field="name", queryset=ServedModel.objects.all(), allow_null=True, required=False
+    )
+
+    class Meta:
+        model = Quota
+        exclude = ["tenant"]
+
+
+class UsageRecordSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = UsageRecord
+        fields = ["request_id", "api_key", "model_name", "pool_name", "prompt_tokens",
+                  "cached_tokens", "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms",
+                  "status", "finish_reason", "error_code", "stream", "started_at", "finished_at"]
+
+
+class UsageRollupSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = UsageRollup
+        fields = ["hour", "api_key", "model_name", "requests", "errors", "prompt_tokens",
+                  "cached_tokens", "completion_tokens", "ttft_ms_sum", "total_ms_sum"]
+
+
+class ReportRowSerializer(serializers.Serializer):
+    tenant = serializers.CharField()
+    key = serializers.CharField()
+    model = serializers.CharField()
+    currency = serializers.CharField()
+    requests = serializers.IntegerField()
+    input_tokens = serializers.IntegerField()
+    cached_input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    cost = serializers.DecimalField(max_digits=30, decimal_places=12, coerce_to_string=True)
+
+
+class ReportSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    group_by = serializers.ListField(child=serializers.CharField())
+    rows = ReportRowSerializer(many=True)
+    totals = ReportRowSerializer(many=True)
+
+
+class ExportJobSerializer(serializers.ModelSerializer):
+    progress = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = ExportJob
+        fields = ["id", "start", "end", "group_by", "format", "status", "progress", "rows_done",
+                  "rows_total", "error", "created_at", "finished_at"]
+        read_only_fields = ["id", "status", "progress", "rows_done", "rows_total", "error",
+                            "created_at", "finished_at"]
+
+
+class SpendAlertSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SpendAlert
+        fields = ["id", "api_key", "metric", "period", "threshold", "webhook_url", "hard_cap",
+                  "enabled", "last_fired_period", "created_at"]
+        read_only_fields = ["id", "last_fired_period", "created_at"]
+
+    def validate_api_key(self, value: ApiKey | None) -> ApiKey | None:
+        if value is not None and value.tenant_id != self.context["tenant"].pk:
+            raise serializers.ValidationError("No such key in this tenant.")
+        return value
+
+
+class AlertEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AlertEvent
+        fields = ["id", "alert", "period", "value", "emailed", "webhook_status", "suspended",
+                  "fired_at"]
+
+
+class ServedModelSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ServedModel
+        fields = ["id", "name", "engine_model_id", "tokenizer_path", "max_model_len",
+                  "num_layers", "num_kv_heads", "head_dim", "bytes_per_value", "parameter_count",
+                  "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
+    dedicated_to = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Tenant.objects.all(), allow_null=True, required=False
+    )
+
+    class Meta:
+        model = Pool
+        fields = ["id", "name", "model", "region", "backend", "backend_settings",
+                  "max_sequences", "kv_cache_tokens", "kv_overcommit", "dedicated_to", "enabled",
+                  "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class PriceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Price
+        fields = ["id", "model_name", "currency", "input_per_mtok", "cached_input_per_mtok",
+                  "output_per_mtok", "effective_from"]
+
+
+class ContentLoggingChangeSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+    changed_by = serializers.StringRelatedField()
+    changed_at = serializers.DateTimeField()
+
+
+class ContentLoggingSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="Store prompts and responses (encrypted).")
+    retention_days = serializers.IntegerField(read_only=True, allow_null=True)
+    changes = ContentLoggingChangeSerializer(many=True, read_only=True)

@@ -1,0 +1,33 @@
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter, SimpleRouter
+
+from gateway.api import views
+
+platform = DefaultRouter()
+platform.register("tenants", views.TenantViewSet, basename="tenant")
+platform.register("models", views.ServedModelViewSet, basename="model")
+platform.register("pools", views.PoolViewSet, basename="pool")
+platform.register("prices", views.PriceViewSet, basename="price")
+platform.register("reports/usage", views.PlatformReportView, basename="platform-report")
+
+scoped = SimpleRouter()
+scoped.register("keys", views.ApiKeyViewSet, basename="key")
+scoped.register("members", views.MembershipViewSet, basename="member")
+scoped.register("quotas", views.QuotaViewSet, basename="quota")
+scoped.register("usage", views.UsageRecordViewSet, basename="usage")
+scoped.register("rollups", views.UsageRollupViewSet, basename="rollup")
+scoped.register("reports", views.ReportViewSet, basename="report")
+scoped.register("exports", views.ExportJobViewSet, basename="export")
+scoped.register("alerts", views.SpendAlertViewSet, basename="alert")
+scoped.register("content-logging", views.ContentLoggingViewSet, basename="content-logging")
+
+app_name = "api"
+
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
+    path("tenants/<slug:tenant>/", include(scoped.urls)),
+    path("", include(platform.urls)),
+]

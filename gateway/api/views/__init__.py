@@ -1,0 +1,21 @@
+"""Management API viewsets, one module per capability."""
+
+from gateway.api.views.content_logging import ContentLoggingViewSet
+from gateway.api.views.finance import ExportJobViewSet, ReportViewSet, SpendAlertViewSet
+from gateway.api.views.keys import ApiKeyViewSet
+from gateway.api.views.members import MembershipViewSet, QuotaViewSet
+from gateway.api.views.platform import (
+    PlatformReportView,
+    PoolViewSet,
+    PriceViewSet,
+    ServedModelViewSet,
+    TenantViewSet,
+)
+from gateway.api.views.usage import UsageRecordViewSet, UsageRollupViewSet
+
+__all__ = [
+    "ApiKeyViewSet", "ContentLoggingViewSet", "ExportJobViewSet", "MembershipViewSet",
+    "PlatformReportView", "PoolViewSet", "PriceViewSet", "QuotaViewSet", "ReportViewSet",
+    "ServedModelViewSet", "SpendAlertViewSet", "TenantViewSet", "UsageRecordViewSet",
+    "UsageRollupViewSet",
+]

@@ -1,0 +1,76 @@
+"""API keys of a tenant: create (shown once), list, revoke, rotate."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from gateway.api import access
+from gateway.api import serializers as s
+from gateway.api.views.base import TenantScoped
+from tenants.keys import issue_key
+from tenants.models import LIMIT_FIELDS, ApiKey
+
+
+class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                    mixins.DestroyModelMixin, TenantScoped):
+    """API keys. DELETE revokes; POST .../rotate/ issues a successor with a grace period."""
+
+    capability = "keys"
+    serializer_class = s.ApiKeySerializer
+
+    def get_queryset(self) -> QuerySet[ApiKey]:
+        if self.fake():
+            return ApiKey.objects.none()
+        keys = self.visible_keys().prefetch_related("allowed_models").select_related("created_by")
+        if self.request.query_params.get("active") in ("1", "true"):
+            keys = keys.usable()
+        return keys
+
+    @extend_schema(request=s.ApiKeySerializer, responses={201: s.NewApiKeySerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        models = data.pop("allowed_models", [])
+        key, plaintext = issue_key(self.tenant, data.pop("name"), allowed_models=models,
+                                   created_by=access.user_for_audit(request), **data)
+        return _new_key_response(key, plaintext)
+
+    def perform_destroy(self, instance: ApiKey) -> None:
+        instance.revoke()
+
+    @extend_schema(request=s.RotateSerializer, responses={201: s.NewApiKeySerializer})
+    @action(detail=True, methods=["post"])
+    def rotate(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        old = self.get_object()
+        if not old.is_usable():
+            raise ValidationError({"detail": "Only a usable key can be rotated."})
+        form = s.RotateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        until = timezone.now() + timedelta(seconds=form.validated_data["grace_seconds"])
+        with transaction.atomic():
+            new, plaintext = issue_key(
+                self.tenant, old.name, allowed_models=list(old.allowed_models.all()),
+                expires_at=old.expires_at, created_by=access.user_for_audit(request),
+                **{f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None},
+            )
+            old.expires_at = min(until, old.expires_at) if old.expires_at else until
+            old.save(update_fields=["expires_at"])
+        return _new_key_response(new, plaintext)
+
+
+def _new_key_response(key: ApiKey, plaintext: str) -> Response:
+    data = s.NewApiKeySerializer(key).data
+    data["key"] = plaintext
+    return Response(data, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})

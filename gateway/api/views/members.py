@@ -1,0 +1,75 @@
+"""Members of a tenant and its quotas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from gateway.api import serializers as s
+from gateway.api.views.base import TenantScoped
+from gateway.portal import membership
+from tenants.limits import effective_limits
+from tenants.models import Membership, Quota
+
+
+class MembershipViewSet(viewsets.ModelViewSet, TenantScoped):
+    """Members of the tenant (owners). The last owner cannot be removed or demoted."""
+
+    capability = "members"
+    serializer_class = s.MembershipSerializer
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self) -> QuerySet[Membership]:
+        if self.fake():
+            return Membership.objects.none()
+        return Membership.objects.filter(tenant=self.tenant).select_related("user").order_by("id")
+
+    def perform_update(self, serializer: Any) -> None:
+        role = serializer.validated_data.get("role", serializer.instance.role)
+        membership.change_role(serializer.instance, role)
+
+    def perform_destroy(self, instance: Membership) -> None:
+        membership.remove(instance)
+
+
+class QuotaViewSet(viewsets.ModelViewSet, TenantScoped):
+    """The tenant's quota rows (read by members; written by platform admins) and, at
+    .../effective/, the limits that apply per model after defaults and overrides."""
+
+    capability = "quotas"
+    admin_writes = True
+    serializer_class = s.QuotaSerializer
+
+    def get_queryset(self) -> QuerySet[Quota]:
+        if self.fake():
+            return Quota.objects.none()
+        return Quota.objects.filter(tenant=self.tenant).select_related("model").order_by("id")
+
+    def perform_create(self, serializer: Any) -> None:
+        quota = Quota(tenant=self.tenant, **serializer.validated_data)
+        quota.full_clean()
+        serializer.save(tenant=self.tenant)
+
+    def perform_update(self, serializer: Any) -> None:
+        quota = serializer.instance
+        for field, value in serializer.validated_data.items():
+            setattr(quota, field, value)
+        quota.full_clean()
+        serializer.save()
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @action(detail=False)
+    def effective(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        from gateway.portal.forms import models_for
+
+        data = {"default": effective_limits(self.tenant).as_dict()}
+        for model in models_for(self.tenant):
+            data[model.name] = effective_limits(self.tenant, model).as_dict()
+        return Response(data)

@@ -1,0 +1,59 @@
+"""Usage records and hourly rollups, filtered and cursor-paginated."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins
+from rest_framework.pagination import CursorPagination
+
+from gateway.api import serializers as s
+from gateway.api.filters import USAGE_PARAMS, filter_usage
+from gateway.api.views.base import TenantScoped
+from metering.models import UsageRecord, UsageRollup
+
+
+class UsagePagination(CursorPagination):
+    ordering = ("-finished_at", "-id")
+    page_size = 100
+    page_size_query_param = "limit"
+    max_page_size = 1000
+
+
+class RollupPagination(UsagePagination):
+    ordering = ("-hour", "-id")
+
+
+@extend_schema_view(list=extend_schema(parameters=USAGE_PARAMS))
+class UsageRecordViewSet(mixins.ListModelMixin, TenantScoped):
+    """Raw usage records (one per request), newest first, cursor-paginated."""
+
+    capability = "usage"
+    serializer_class = s.UsageRecordSerializer
+    pagination_class = UsagePagination
+
+    def get_queryset(self) -> QuerySet[UsageRecord]:
+        if self.fake():
+            return UsageRecord.objects.none()
+        qs = filter_usage(UsageRecord.objects.filter(tenant=self.tenant), self.request,
+                          "finished_at")
+        if (ids := self.own_key_ids()) is not None:
+            qs = qs.filter(api_key_id__in=ids)
+        return qs
+
+
+@extend_schema_view(list=extend_schema(parameters=USAGE_PARAMS))
+class UsageRollupViewSet(mixins.ListModelMixin, TenantScoped):
+    """Hourly rollups per key and model, newest hour first, cursor-paginated."""
+
+    capability = "usage"
+    serializer_class = s.UsageRollupSerializer
+    pagination_class = RollupPagination
+
+    def get_queryset(self) -> QuerySet[UsageRollup]:
+        if self.fake():
+            return UsageRollup.objects.none()
+        qs = filter_usage(UsageRollup.objects.filter(tenant=self.tenant), self.request, "hour")
+        if (ids := self.own_key_ids()) is not None:
+            qs = qs.filter(api_key_id__in=ids)
+        return qs

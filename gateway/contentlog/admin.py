@@ -1,0 +1,85 @@
+"""Admin for the content log: metadata only. No page renders a ciphertext or a plaintext.
+
+Records, keys and audit entries are read-only; grants are created through /breakglass/ and
+decided by admin actions that go through ``breakglass`` (so every decision is audited).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from gateway.contentlog import breakglass
+from gateway.contentlog.models import AuditEntry, BreakGlassGrant, ContentRecord, TenantKey
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ContentRecord)
+class ContentRecordAdmin(ReadOnlyAdmin):
+    list_display = ["request_id", "tenant", "created_at", "expires_at", "key_version"]
+    list_filter = ["tenant"]
+    fields = ["id", "tenant", "request_id", "created_at", "expires_at", "key_version"]
+    readonly_fields = fields
+    show_full_result_count = False  # no COUNT(*) over a large table
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ContentRecord]:
+        return super().get_queryset(request).defer("ciphertext")
+
+
+@admin.register(TenantKey)
+class TenantKeyAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "version", "active", "master_kid", "created_at"]
+    fields = ["tenant", "version", "active", "master_kid", "created_at"]
+    readonly_fields = fields
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "actor_username", "action", "tenant_id", "grant_id",
+                    "request_id"]
+    list_filter = ["action"]
+    search_fields = ["actor_username", "request_id"]
+    readonly_fields = [f.name for f in AuditEntry._meta.fields]
+
+
+@admin.register(BreakGlassGrant)
+class BreakGlassGrantAdmin(ReadOnlyAdmin):
+    list_display = ["pk", "tenant", "requested_by", "state", "approved_by", "self_approved",
+                    "records_from", "records_until", "access_until"]
+    list_filter = ["state", "self_approved"]
+    readonly_fields = [f.name for f in BreakGlassGrant._meta.fields]
+    actions = ["approve_selected", "deny_selected"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The actions need "change" to be offered; fields stay read-only.
+        return request.user.has_perm(breakglass.APPROVE_PERM)
+
+    @admin.action(description="Approve selected break-glass requests")
+    def approve_selected(self, request: HttpRequest, queryset: QuerySet[BreakGlassGrant]) -> None:
+        self._decide(request, queryset, breakglass.approve)
+
+    @admin.action(description="Deny selected break-glass requests")
+    def deny_selected(self, request: HttpRequest, queryset: QuerySet[BreakGlassGrant]) -> None:
+        self._decide(request, queryset, breakglass.deny)
+
+    def _decide(self, request: HttpRequest, queryset: QuerySet[BreakGlassGrant], fn: Any) -> None:
+        for grant in queryset:
+            try:
+                fn(grant, request.user)
+            except (breakglass.BreakGlassDenied, ValueError) as exc:
+                self.message_user(request, f"grant {grant.pk}: {exc}", messages.ERROR)
+            else:
+                self.message_user(request, f"grant {grant.pk}: done", messages.SUCCESS)

@@ -1,0 +1,63 @@
+"""Minimal server-rendered staff pages for break-glass: request, list, read.
+
+Approval happens in the admin (``BreakGlassGrantAdmin`` actions) by a second staff member.
+Reading is a POST, so a decryption (and its audit entry) never happens on a prefetch or a
+reload of a GET; the response is marked no-store.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django import forms
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods, require_POST
+
+from gateway.contentlog import breakglass
+from gateway.contentlog.models import BreakGlassGrant
+from tenants.models import Tenant
+
+
+class RequestForm(forms.Form):
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.all())
+    justification = forms.CharField(widget=forms.Textarea, min_length=breakglass.MIN_JUSTIFICATION)
+    records_from = forms.DateTimeField()
+    records_until = forms.DateTimeField()
+    duration_minutes = forms.IntegerField(min_value=1, initial=60)
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def index(request: HttpRequest) -> HttpResponse:
+    form = RequestForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        try:
+            breakglass.request_access(
+                request.user, d["tenant"], d["justification"], d["records_from"],
+                d["records_until"], timedelta(minutes=d["duration_minutes"]),
+            )
+        except (breakglass.BreakGlassDenied, ValueError) as exc:
+            form.add_error(None, str(exc))
+        else:
+            return redirect("breakglass:index")
+    grants = BreakGlassGrant.objects.filter(requested_by=request.user).select_related("tenant")
+    return render(request, "contentlog/index.html", {"form": form, "grants": grants[:50]})
+
+
+@staff_member_required
+@never_cache
+@require_POST
+def read(request: HttpRequest, grant_id: int) -> HttpResponse:
+    grant = get_object_or_404(BreakGlassGrant, pk=grant_id, requested_by=request.user)
+    try:
+        records = breakglass.read_records(grant, request.user)
+    except breakglass.BreakGlassDenied as exc:
+        return render(request, "contentlog/read.html", {"grant": grant, "error": str(exc)},
+                      status=403)
+    response = render(request, "contentlog/read.html", {"grant": grant, "records": records})
+    response["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,474 @@
+"""The OpenAI-compatible endpoints, as Channels consumers served by uvicorn.
+
+One request, in the order the design sets (nothing is charged until ``submit``):
+authenticate -> parse -> route to a pool -> tokenize -> size against the limits ->
+shed if overloaded (503) -> (idempotency) -> submit (charge, or 429) -> stream or collect.
+
+Disconnects. Channels' own ``AsyncHttpConsumer`` dispatches one message at a time, so while
+``handle`` awaits tokens it cannot see ``http.disconnect``. ``__call__`` here reads the body
+itself, then runs the handler and a disconnect watcher side by side: a client that goes away
+while we wait for its first token is noticed at once and its submission cancelled, which the
+engine honours within one step (I5). Writes after a disconnect are dropped, never raised.
+
+Streams delay their response headers until the first event (or the first keep-alive tick), so a
+request that fails before any token still gets a real 503 + Retry-After that the official
+client retries, rather than a 200 followed by an error event.
+
+Resume. Every token event's SSE id is ``<request id>/<stream entry id>``. A request carrying
+``Last-Event-ID`` re-attaches to that request (same tenant only) and replays its stream after
+that entry, for as long as the stream is kept (``accounting.STREAM_TTL_AFTER_END`` after the
+end). A disconnect cancels the generation, so a resumed stream ends where generation stopped;
+resuming a finished stream replays the rest of it, [DONE] included.
+
+Settings (environment): ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import redis
+from asgiref.sync import sync_to_async
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+
+from gateway.env import env_float, env_str
+from gateway.inference import facade, idempotency, overload, sse
+from gateway.inference.admission import size_request, tokenize
+from gateway.inference.errors import (
+    ApiError,
+    method_not_allowed,
+    model_not_found,
+    payload_too_large,
+    rate_limited,
+    server_error,
+    unavailable,
+)
+from gateway.inference.pools import PoolInfo, choose_pool, visible_models
+from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
+from gateway.inference.responses import ChunkTemplate, completion_body, models_body
+from gateway.redis_conn import get_async_redis
+from metering import metrics
+from tenants.auth import AuthError, Principal, aauthenticate_scope
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_S = env_float("SSE_KEEPALIVE_SECONDS", 15.0, minimum=0.05)
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+CANCEL_GRACE_S = 2.0  # how long a cancelled handler may take to settle before it is torn down
+JSON = (b"content-type", b"application/json")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class ApiConsumer(AsyncHttpConsumer):
+    """Body reading, disconnect watching and error answers shared by every endpoint."""
+
+    methods: tuple[str, ...] = ("POST",)
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        self.scope = scope
+        self.base_send = send
+        self.request_id = new_request_id()
+        self.disconnected = asyncio.Event()
+        self.started = False  # response headers sent
+        self.finished = False  # last body part sent
+        self._write_lock = asyncio.Lock()
+        try:
+            body = await self._read_body(receive)
+        except ApiError as err:
+            await self.send_error(err)
+            return
+        if body is None:
+            return  # gone before it finished sending
+        handler = asyncio.create_task(self._run(body))
+        watcher = asyncio.create_task(self._watch(receive))
+        await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not handler.done():
+            await self._client_gone(handler)
+        watcher.cancel()
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        limit = settings.MAX_REQUEST_BYTES
+        if self.scope["method"] not in self.methods:
+            raise method_not_allowed(", ".join(self.methods))
+        declared = self.header(b"content-length")
+        if declared and (not declared.isdigit() or int(declared) > limit):
+            raise payload_too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise payload_too_large(limit)
+            parts.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(parts)
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def _client_gone(self, handler: asyncio.Task[None]) -> None:
+        # uvicorn also reports http.disconnect once a response is complete: not a cancel then.
+        gone_early = not self.finished
+        self.disconnected.set()
+        try:
+            if gone_early:
+                await self.on_disconnect()
+        except Exception:
+            log.exception("disconnect handling failed for %s", self.request_id)
+        try:
+            await asyncio.wait_for(asyncio.shield(handler), CANCEL_GRACE_S)
+        except TimeoutError:
+            handler.cancel()
+        except Exception:
+            pass  # already logged by _run
+
+    async def on_disconnect(self) -> None:
+        """Called once when the client goes away before the response is complete."""
+
+    async def _run(self, body: bytes) -> None:
+        try:
+            await self.handle(body)
+        except ApiError as err:
+            await self.send_error(err)
+        except redis.RedisError:
+            # The shared state is unreachable: nothing could be charged, so a retry is safe.
+            log.exception("request %s: Redis unavailable", self.request_id)
+            await self.send_error(unavailable("The service is temporarily unavailable.",
+                                              retry_after=2))
+        except Exception:
+            log.exception("request %s failed", self.request_id)
+            await self.send_error(server_error())
+
+    def header(self, name: bytes) -> str | None:
+        for key, value in self.scope.get("headers", ()):
+            if key.lower() == name:
+                return value.decode("latin-1")
+        return None
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self.disconnected.is_set() or self.finished:
+            return
+        try:
+            await self.base_send(message)
+        except Exception:  # the connection went away under us (uvicorn raises OSError kinds)
+            self.disconnected.set()
+
+    async def start(self, status: int, headers: Mapping[str, str],
+                    extra: list[tuple[bytes, bytes]]) -> None:
+        async with self._write_lock:
+            await self._start_locked(status, headers, extra)
+
+    async def _start_locked(self, status: int, headers: Mapping[str, str],
+                            extra: list[tuple[bytes, bytes]]) -> None:
+        if self.started:
+            return
+        self.started = True
+        raw = [*extra, (b"x-request-id", self.request_id.encode())]
+        raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+        await self._send({"type": "http.response.start", "status": status, "headers": raw})
+
+    async def write(self, data: bytes, *, more: bool = True) -> None:
+        async with self._write_lock:
+            await self._send({"type": "http.response.body", "body": data, "more_body": more})
+            if not more:
+                self.finished = True
+
+    async def send_json(self, status: int, body: bytes,
+                        headers: Mapping[str, str] | None = None) -> None:
+        await self.start(status, headers or {}, [JSON, (b"content-length", b"%d" % len(body))])
+        await self.write(body, more=False)
+
+    async def send_error(self, err: ApiError) -> None:
+        if not self.started:
+            await self.send_json(err.status, err.body(), err.headers)
+        elif not self.finished:
+            # Mid-stream: an event the official client raises as APIError, then the end.
+            await self.write(sse.event(err.body()), more=False)
+
+    async def authenticate(self) -> Principal:
+        try:
+            return await aauthenticate_scope(self.scope)
+        except AuthError as err:
+            raise ApiError(err.status, err.message, type=err.type, code=err.code,
+                           headers=err.headers) from None
+
+
+class ModelsConsumer(ApiConsumer):
+    """GET /v1/models and /v1/models/{model}: only the models this key may use."""
+
+    methods = ("GET",)
+
+    async def handle(self, body: bytes) -> None:
+        principal = await self.authenticate()
+        models = await visible_models(principal.tenant_id, principal.tenant_region,
+                                      principal.allowed_model_names)
+        created = {m.name: m.created for m in models}
+        wanted = self.scope.get("url_route", {}).get("kwargs", {}).get("model")
+        listing = models_body(sorted(created), created, principal.tenant_slug)
+        if wanted is None:
+            await self.send_json(200, facade.dumps(listing))
+            return
+        for entry in listing["data"]:  # type: ignore[union-attr]
+            if entry["id"] == wanted:
+                await self.send_json(200, facade.dumps(entry))
+                return
+        raise model_not_found(wanted)
+
+
+class MetricsConsumer(ApiConsumer):
+    """GET /metrics: Prometheus text, the same from every process (``metering.metrics``).
+
+    Set METRICS_TOKEN to require ``Authorization: Bearer <token>``: the labels name tenants.
+    """
+
+    methods = ("GET",)
+
+    async def handle(self, body: bytes) -> None:
+        if METRICS_TOKEN and self.header(b"authorization") != f"Bearer {METRICS_TOKEN}":
+            raise ApiError(401, "A valid metrics token is required.", code="invalid_api_key",
+                           headers={"www-authenticate": "Bearer"})
+        text = await sync_to_async(metrics.render, thread_sensitive=False)()
+        payload = text.encode()
+        await self.start(200, {}, [(b"content-type", b"text/plain; version=0.0.4"),
+                                   (b"content-length", b"%d" % len(payload))])
+        await self.write(payload, more=False)
+
+
+class NotFoundConsumer(ApiConsumer):
+    methods = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+
+    async def handle(self, body: bytes) -> None:
+        raise ApiError(404, f"Unknown request URL: {self.scope['method']} {self.scope['path']}.",
+                       code="unknown_url")
+
+
+class CompletionConsumer(ApiConsumer):
+    """POST /v1/chat/completions and POST /v1/completions (``kind`` set by the subclasses)."""
+
+    kind: Kind = "chat"
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        self.submission: facade.Submission | None = None
+        await super().__call__(scope, receive, send)
+
+    async def on_disconnect(self) -> None:
+        if self.submission is not None:
+            await self.submission.cancel("client_disconnect")
+
+    async def handle(self, body: bytes) -> None:
+        principal = await self.authenticate()
+        data = load_json_object(body)
+        req = parse_object(data, self.kind)
+        resume = sse.parse_resume_id(self.header(b"last-event-id"))
+        if resume is not None and req.stream:
+            await self._resume(principal, req, *resume)
+            return
+        pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
+                                 principal.allowed_model_names)
+        limits = principal.limits(req.model)
+        sized = size_request(req, await tokenize(req, pool.model), pool.model, limits)
+        await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
+        claim = await self._idempotency(principal, data, req, limits.total_deadline_s)
+        if isinstance(claim, idempotency.Replay):
+            await self.send_json(claim.status, claim.body, {"idempotent-replayed": "true"})
+            return
+        try:
+            status, answer = await self._serve(principal, req, pool, sized.prompt_token_ids,
+                                               sized.max_tokens)
+        except BaseException:
+            if claim is not None:
+                await asyncio.shield(claim.abandon())
+            raise
+        if claim is not None:
+            await (claim.store(status, answer) if status == 200 else claim.abandon())
+
+    async def _idempotency(self, principal: Principal, data: dict[str, Any],
+                           req: InferenceRequest, deadline_s: float
+                           ) -> idempotency.Claim | idempotency.Replay | None:
+        value = self.header(b"idempotency-key")
+        if value is None or req.stream:
+            return None
+        return await idempotency.begin(principal.tenant_id, idempotency.checked_key(value),
+                                       idempotency.body_hash(data), deadline_s + 60)
+
+    async def _serve(self, principal: Principal, req: InferenceRequest, pool: PoolInfo,
+                     prompt_ids: list[int], max_tokens: int) -> tuple[int, bytes]:
+        """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
+        result = await facade.submit_request(
+            request_id=self.request_id, principal=principal, pool=pool.name,
+            model=req.model, prompt_token_ids=prompt_ids, max_tokens=max_tokens,
+            temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop,
+            stream=req.stream, ignore_eos=req.ignore_eos,
+        )
+        if isinstance(result, facade.Rejection):
+            await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
+                                          result.reason)
+            raise rejection_error(result)
+        self.submission = result
+        if self.disconnected.is_set():  # gone while we were admitting
+            await result.cancel("client_disconnect")
+        headers = result.rate_limit.headers()
+        if req.stream:
+            await Relay(self, req, result.events(), headers).run()
+            return 0, b""
+        return await self._collect(req, result, headers)
+
+    async def _resume(self, principal: Principal, req: InferenceRequest, rid: str,
+                      last_id: str) -> None:
+        """A reconnect with Last-Event-ID: replay the same request's stream after that entry."""
+        found = await facade.attach(rid, principal.tenant_id)
+        if found is None:
+            raise ApiError(404, "No stream to resume for this Last-Event-ID (it may have "
+                           "expired).", param="Last-Event-ID", code="stream_not_found")
+        self.request_id = rid
+        self.submission = found
+        await Relay(self, req, found.events(last_id), {}, resumed=True).run()
+
+    async def _collect(self, req: InferenceRequest, sub: facade.Submission,
+                       headers: dict[str, str]) -> tuple[int, bytes]:
+        pieces: list[str] = []
+        tokens = 0
+        async for event in sub.events():
+            if isinstance(event, facade.TokenEvent):
+                pieces.append(event.text)
+                tokens += event.token_count
+            elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
+                answer = facade.dumps(completion_body(
+                    req.kind, self.request_id, created_of(self.request_id), req.model,
+                    "".join(pieces),
+                    event.finish_reason, facade.usage_counts(event.usage)))
+                await self.send_json(200, answer, headers)
+                return 200, answer
+            else:
+                raise failure(event, tokens)
+        raise unavailable("The stream ended without a result.")
+
+
+class ChatCompletionsConsumer(CompletionConsumer):
+    kind: Kind = "chat"
+
+
+class CompletionsConsumer(CompletionConsumer):
+    kind: Kind = "completion"
+
+
+class Relay:
+    """One SSE response: headers on the first event, keep-alives while idle, [DONE] at the end."""
+
+    def __init__(self, consumer: CompletionConsumer, req: InferenceRequest,
+                 events: AsyncIterator[facade.Event], headers: Mapping[str, str],
+                 *, resumed: bool = False) -> None:
+        self.c = consumer
+        self.req = req
+        self.events = events
+        self.headers = headers
+        self.resumed = resumed
+        self.tpl = ChunkTemplate(req.kind, consumer.request_id,
+                                 created_of(consumer.request_id), req.model, req.include_usage)
+        self.id_prefix = consumer.request_id + sse.RESUME_SEPARATOR
+        self.tokens = 0
+        self.last_write = time.monotonic()
+
+    async def run(self) -> None:
+        ticker = asyncio.create_task(self._keepalive())
+        try:
+            await self._pump()
+        finally:
+            ticker.cancel()
+
+    async def _begin(self) -> None:
+        if self.c.started:
+            return
+        await self.c.start(200, self.headers, sse.HEADERS)
+        if self.req.kind == "chat" and not self.resumed:
+            await self._write(sse.event(self.tpl.role()))
+
+    async def _write(self, data: bytes, *, more: bool = True) -> None:
+        self.last_write = time.monotonic()
+        await self.c.write(data, more=more)
+
+    async def _pump(self) -> None:
+        async for event in self.events:
+            if self.c.disconnected.is_set():
+                return
+            if isinstance(event, facade.TokenEvent):
+                await self._begin()
+                self.tokens += event.token_count
+                await self._write(sse.event(self.tpl.delta(event.text),
+                                            self.id_prefix + event.event_id))
+            elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
+                await self._begin()
+                await self._write(sse.event(self.tpl.finish(event.finish_reason),
+                                            self.id_prefix + event.event_id))
+                if self.req.include_usage:
+                    await self._write(sse.event(self.tpl.usage(facade.usage_counts(event.usage))))
+                await self._write(sse.DONE, more=False)
+                return
+            else:
+                raise failure(event, self.tokens)
+        raise unavailable("The stream ended without a result.")
+
+    async def _keepalive(self) -> None:
+        while True:
+            await asyncio.sleep(KEEPALIVE_S / 2)
+            if time.monotonic() - self.last_write >= KEEPALIVE_S:
+                await self._begin()
+                await self._write(sse.KEEPALIVE)
+
+
+FINISH_REASONS = frozenset({"stop", "length"})
+
+
+def new_request_id() -> str:
+    """Milliseconds since the epoch (11 hex digits) + 80 random bits.
+
+    The time prefix makes ``created`` recoverable from the id alone, so a stream resumed from
+    another process carries the same ``created`` as the original.
+    """
+    return f"{time.time_ns() // 1_000_000:011x}{secrets.token_hex(10)}"
+
+
+def created_of(request_id: str) -> int:
+    try:
+        return int(request_id[:11], 16) // 1000
+    except ValueError:
+        return int(time.time())
+
+
+def rejection_error(rejection: facade.Rejection) -> ApiError:
+    headers = rejection.headers()
+    if rejection.too_large:
+        # Waiting cannot help: tell the official client not to retry (it honours this header).
+        headers["x-should-retry"] = "false"
+        code = "request_too_large"
+    else:
+        code = "rate_limit_exceeded"
+    return rate_limited(rejection.message, code=code, retry_after=None, headers=headers)
+
+
+def failure(event: facade.ErrorEvent | facade.FinishEvent, tokens_sent: int) -> ApiError:
+    """The error a failed generation answers with (or sends as its last stream event)."""
+    if isinstance(event, facade.FinishEvent):  # aborted by someone else (a cancel, shedding)
+        code, message, retryable = "request_cancelled", "The request was cancelled.", True
+    else:
+        code, message, retryable = event.code, event.message, event.retryable
+    if tokens_sent == 0 and retryable:
+        # Nothing was generated, so nothing was billed: the client may simply try again.
+        return unavailable(message, retry_after=1, code=code)
+    status = 504 if "deadline" in code else (503 if retryable else 500)
+    return ApiError(status, message, type="server_error", code=code)

@@ -1,0 +1,54 @@
+"""The HTTP layer's one doorway to the serving core (``gateway.submission``).
+
+Builds what ``submit`` needs from the authenticated principal and the parsed request (the
+tenant's and key's limits, sampling, the cache salt), so the consumers never assemble
+accounting objects themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.accounting import AdmissionLimits
+from gateway.inference.responses import UsageCounts
+from gateway.submission import (
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    Rejection,
+    Submission,
+    TokenEvent,
+    UsageInfo,
+    attach,
+    submit,
+)
+from tenants.auth import Principal
+from workers.engine.base import SamplingParams
+
+__all__ = ["ErrorEvent", "Event", "FinishEvent", "Rejection", "Submission", "TokenEvent", "attach",
+           "dumps", "submit_request", "usage_counts"]
+
+
+def dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def usage_counts(usage: UsageInfo) -> UsageCounts:
+    return UsageCounts(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+
+
+async def submit_request(
+    *, request_id: str, principal: Principal, pool: str, model: str,
+    prompt_token_ids: Sequence[int], max_tokens: int, temperature: float, top_p: float,
+    seed: int | None, stop: tuple[str, ...], stream: bool, ignore_eos: bool = False,
+) -> Submission | Rejection:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed, stop=stop, ignore_eos=ignore_eos)
+    limits = AdmissionLimits.from_limits(principal.tenant_limits(model), principal.limits(model))
+    return await submit(
+        tenant_id=principal.tenant_id, key_id=principal.key_id, weight=principal.tenant_weight,
+        model=model, pool=pool, prompt_token_ids=prompt_token_ids, sampling=sampling,
+        limits=limits, stream=stream, request_id=request_id, cache_salt=principal.cache_salt,
+    )

@@ -1,0 +1,56 @@
+"""Overload shedding: when a pool is overloaded, refuse (503) the tenants furthest over their share.
+
+Two readings of the pool's WFQ state, in one pipelined round trip:
+
+- overloaded: more requests queued than ``SHED_QUEUE_FACTOR`` times the running capacity of its
+  live workers. By Little's law the queue wait grows with that ratio, so this is the queue-wait
+  threshold in a form that needs no clock: the factor is roughly "queue wait in units of one
+  request's service time";
+- a tenant's virtual backlog: its last finish tag minus the pool's virtual time. Under WFQ that
+  is the service, in cost per unit of weight, queued ahead of the tenant's next request. A
+  tenant within its fair share has almost none; one flooding the pool has a lot. Because tags
+  grow by cost / weight, a lower tier builds the same backlog with less work: the lowest tiers
+  are shed first, and a tenant within its fair share is never shed while others exceed theirs.
+
+A shed request is refused before anything is charged, with Retry-After; nothing here writes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+
+from gateway.env import env_float
+from gateway.inference.errors import unavailable
+from gateway.redis_conn import get_async_redis, key
+
+SHED_QUEUE_FACTOR = env_float("SHED_QUEUE_FACTOR", 4.0, minimum=0.0)
+# Cost units (WFQ_INPUT_PRICE x prompt + WFQ_OUTPUT_PRICE x output, divided by the weight).
+SHED_VIRTUAL_BACKLOG = env_float("SHED_VIRTUAL_BACKLOG", 100_000.0, minimum=0.0)
+SHED_RETRY_AFTER_S = 5
+
+
+async def reading(pool: str, tenant_id: object) -> tuple[int, int, float]:
+    """(queued requests, live workers, the tenant's virtual backlog)."""
+    pipe = get_async_redis().pipeline(transaction=False)
+    pipe.hlen(key("wfq", pool, "items"))
+    pipe.zcount(key("workers", pool), time.time() - settings.WORKER_DEAD_AFTER_SECONDS, "+inf")
+    pipe.hget(key("wfq", pool, "state"), "vtime")
+    pipe.hget(key("wfq", pool, "last"), str(tenant_id))
+    queued, workers, vtime, last = await pipe.execute()
+    backlog = max(0.0, float(last or 0) - float(vtime or 0))
+    return int(queued), int(workers), backlog
+
+
+async def check(pool: str, max_sequences: int, tenant_id: object) -> None:
+    """Raise a 503 if the pool is overloaded and this tenant is over its share."""
+    if SHED_QUEUE_FACTOR <= 0:
+        return  # shedding disabled
+    queued, workers, backlog = await reading(pool, tenant_id)
+    if queued <= SHED_QUEUE_FACTOR * workers * max_sequences:
+        return
+    if backlog > SHED_VIRTUAL_BACKLOG:
+        raise unavailable(
+            "The model is overloaded and you have more queued than your share; "
+            "please retry later.", retry_after=SHED_RETRY_AFTER_S, code="overloaded")

@@ -1,0 +1,156 @@
+"""Route a model to a pool: the tenant's dedicated pool first, then shared pools in its region.
+
+Among several shared pools, the least loaded wins: (requests queued in the pool's WFQ + requests
+its workers hold) / the running capacity of its live workers. Workers publish their load with
+each heartbeat (``workers:{pool}`` zset of live workers, ``worker:{wid}:load`` hash); a pool with
+no live worker ranks after every pool with one, so a request is not sent where nothing will
+serve it while another pool could. The pool table is read from the database at
+most every ``TTL`` seconds per process: routing is on every request's path, pools change rarely.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from gateway.inference.errors import model_not_found, unavailable
+from gateway.redis_conn import get_async_redis, key
+
+TTL = 2.0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    tokenizer_path: str | None
+    max_model_len: int
+    created: int
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    name: str
+    region: str
+    dedicated_to: int | None
+    model: ModelInfo
+    max_sequences: int = 64
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: dict[str, ModelInfo]
+    pools: tuple[PoolInfo, ...]
+
+    def pools_for(self, model: str) -> list[PoolInfo]:
+        return [p for p in self.pools if p.model.name == model]
+
+
+_cache: tuple[float, Catalog] | None = None
+
+
+def _load_catalog() -> Catalog:
+    from tenants.models import Pool, ServedModel
+
+    models = {
+        m.name: ModelInfo(m.name, m.tokenizer_path or None, m.max_model_len,
+                          int(m.created_at.timestamp()))
+        for m in ServedModel.objects.all()
+    }
+    pools = tuple(
+        PoolInfo(p.name, p.region, p.dedicated_to_id, models[p.model.name], p.max_sequences)
+        for p in Pool.objects.filter(enabled=True).select_related("model")
+    )
+    return Catalog(models, pools)
+
+
+async def catalog() -> Catalog:
+    global _cache
+    now = time.monotonic()
+    if _cache is None or now - _cache[0] > TTL:
+        _cache = (now, await sync_to_async(_load_catalog, thread_sensitive=False)())
+    return _cache[1]
+
+
+def forget_catalog() -> None:
+    """Drop the cached pool table (tests, and after an admin change in this process)."""
+    global _cache
+    _cache = None
+
+
+def candidates(cat: Catalog, model: str, tenant_id: int, region: str) -> list[PoolInfo]:
+    """Pools that may serve this tenant's request, dedicated ones first."""
+    pools = cat.pools_for(model)
+    dedicated = [p for p in pools if p.dedicated_to == tenant_id]
+    if dedicated:
+        return dedicated
+    return [p for p in pools if p.dedicated_to is None and p.region == region]
+
+
+@dataclass(frozen=True)
+class PoolLoad:
+    queued: int
+    in_flight: int
+    capacity: int
+
+    @property
+    def score(self) -> float:
+        if self.capacity <= 0:
+            return float("inf")
+        return (self.queued + self.in_flight) / self.capacity
+
+
+async def pool_loads(pools: list[PoolInfo]) -> list[PoolLoad]:
+    """Two pipelined round trips: live workers and queue lengths, then each worker's load."""
+    client = get_async_redis()
+    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
+    pipe = client.pipeline(transaction=False)
+    for p in pools:
+        pipe.zrangebyscore(key("workers", p.name), cutoff, "+inf")
+        pipe.hlen(key("wfq", p.name, "items"))
+    first = await pipe.execute()
+    workers = [first[2 * i] for i in range(len(pools))]
+    pipe = client.pipeline(transaction=False)
+    for wids in workers:
+        for wid in wids:
+            pipe.hmget(key("worker", wid.decode(), "load"), "in_flight", "max_running")
+    loads = iter(await pipe.execute())
+    out = []
+    for i, wids in enumerate(workers):
+        held = capacity = 0
+        for _ in wids:
+            in_flight, max_running = next(loads)
+            held += int(in_flight or 0)
+            capacity += int(max_running or 0)
+        out.append(PoolLoad(int(first[2 * i + 1]), held, capacity))
+    return out
+
+
+async def choose_pool(model: str, tenant_id: int, region: str,
+                      allowed: frozenset[str]) -> PoolInfo:
+    if allowed and model not in allowed:
+        raise model_not_found(model)
+    cat = await catalog()
+    if model not in cat.models:
+        raise model_not_found(model)
+    pools = candidates(cat, model, tenant_id, region)
+    if not pools:
+        # The model exists but nothing serves it for this tenant right now: retry later.
+        raise unavailable(f"No pool serves `{model}` in your region right now.", retry_after=5,
+                          code="no_pool")
+    if len(pools) == 1:
+        return pools[0]
+    loads = await pool_loads(pools)
+    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+
+
+async def visible_models(tenant_id: int, region: str, allowed: frozenset[str]) -> list[ModelInfo]:
+    """Models this key may call and some pool serves for its tenant, for GET /v1/models."""
+    cat = await catalog()
+    names = {p.model.name for p in cat.pools
+             if p.dedicated_to == tenant_id or (p.dedicated_to is None and p.region == region)}
+    if allowed:
+        names &= allowed
+    return [cat.models[n] for n in sorted(names)]

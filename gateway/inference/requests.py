@@ -1,0 +1,314 @@
+"""Request bodies -> typed, validated requests, or an OpenAI-shaped 400.
+
+Parsing is strict on purpose: a field with the wrong type, a value out of range or a parameter
+we do not implement is refused before anything is charged, rather than silently ignored (a
+client asking for ``n=3`` or ``tools`` must learn it did not get them). Fields sent as ``null``
+mean "not given", as in OpenAI's API.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.inference.errors import (
+    ApiError,
+    invalid_request,
+    unknown_parameter,
+    unsupported_value,
+)
+
+# Largest value accepted for any token count before the tenant's own limits are applied, so a
+# number that could overflow a Redis counter or a C int never reaches the accounting scripts.
+MAX_TOKENS_CEILING = 2**31 - 1
+MAX_STOP_SEQUENCES = 4
+ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+# Parameters OpenAI defines that we refuse rather than ignore (clients would get wrong results).
+UNSUPPORTED = frozenset({
+    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+    "response_format", "top_logprobs", "logit_bias", "audio", "modalities", "prediction",
+    "reasoning_effort", "web_search_options", "echo", "best_of", "suffix",
+})
+# Parameters accepted only at their neutral value (the official client never sends them unset).
+NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False}
+COMMON = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "user", "stream",
+    "stream_options", "n", "metadata", "store", "service_tier", "ignore_eos", *NEUTRAL,
+})
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
+COMPLETION_FIELDS = COMMON | {"prompt"}
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    kind: Kind
+    model: str
+    # Chat: the messages as plain {"role", "content"} dicts for the chat template.
+    messages: tuple[dict[str, str], ...] = ()
+    # Completions: text, or token ids the client tokenized itself.
+    prompt: str | tuple[int, ...] = ""
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    user: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    # vLLM's extension (sent with the official client's ``extra_body``): generate max_tokens
+    # tokens even past end-of-sequence. Benchmarks use it to get streams of a known length.
+    ignore_eos: bool = False
+
+
+def parse(body: bytes, kind: Kind) -> InferenceRequest:
+    return parse_object(load_json_object(body), kind)
+
+
+def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
+    allowed = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    fields = {k: v for k, v in data.items() if v is not None}
+    _refuse_unknown(fields, allowed)
+    stream = _bool(fields, "stream", False)
+    return InferenceRequest(
+        kind=kind,
+        model=_model(fields),
+        messages=_messages(fields) if kind == "chat" else (),
+        prompt=_prompt(fields) if kind == "completion" else "",
+        max_tokens=_max_tokens(fields),
+        temperature=_number(fields, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(fields, "top_p", 1.0, 0.0, 1.0),
+        stop=_stop(fields),
+        seed=_int(fields, "seed", None, -(2**63), 2**63 - 1),
+        user=_string(fields, "user", max_len=256),
+        stream=stream,
+        include_usage=_include_usage(fields, stream),
+        ignore_eos=_bool(fields, "ignore_eos", False),
+    )
+
+
+def load_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid_request(
+            "The request body is not valid UTF-8.", code="invalid_encoding"
+        ) from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise invalid_request(
+            f"We could not parse the JSON body of your request: {_short(exc)}", code="invalid_json"
+        ) from None
+    if not isinstance(data, dict):
+        raise invalid_request("The request body must be a JSON object.", code="invalid_json")
+    return data
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _short(exc: Exception) -> str:
+    return str(exc)[:200]
+
+
+def _refuse_unknown(fields: dict[str, Any], allowed: frozenset[str]) -> None:
+    for name in fields:
+        if name in UNSUPPORTED:
+            raise ApiError(
+                400, f"The parameter `{name}` is not supported by this server.",
+                param=name, code="unsupported_parameter",
+            )
+        if name not in allowed:
+            raise unknown_parameter(name)
+    for name, neutral in NEUTRAL.items():
+        if name in fields and (fields[name] != neutral or isinstance(fields[name], bool)
+                               is not isinstance(neutral, bool)):
+            raise unsupported_value(name, f"Only {name}={json.dumps(neutral)} is supported.")
+    n = fields.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n != 1:
+        raise unsupported_value("n", "Only n=1 is supported: send one request per completion.")
+
+
+def _model(fields: dict[str, Any]) -> str:
+    if "model" not in fields:
+        raise invalid_request("you must provide a model parameter", param="model",
+                              code="missing_required_parameter")
+    model = fields["model"]
+    if not isinstance(model, str) or not model or len(model) > 256:
+        raise _type_error("model", "a non-empty string")
+    return model
+
+
+def _messages(fields: dict[str, Any]) -> tuple[dict[str, str], ...]:
+    messages = fields.get("messages")
+    if messages is None:
+        raise invalid_request("Missing required parameter: 'messages'.", param="messages",
+                              code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise _type_error("messages", "a non-empty array of messages")
+    return tuple(_message(i, m) for i, m in enumerate(messages))
+
+
+def _message(i: int, message: Any) -> dict[str, str]:
+    param = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise _type_error(param, "an object")
+    role = message.get("role")
+    if role == "tool" or "tool_calls" in message or "function_call" in message:
+        raise ApiError(400, "Tool messages and tool calls are not supported by this server.",
+                       param=f"{param}.role", code="unsupported_parameter")
+    if role not in ROLES:
+        raise invalid_request(
+            f"Invalid value for '{param}.role': expected one of {', '.join(sorted(ROLES))}.",
+            param=f"{param}.role", code="invalid_value",
+        )
+    extra = set(message) - {"role", "content", "name"}
+    if extra:
+        raise unknown_parameter(f"{param}.{sorted(extra)[0]}")
+    out = {"role": role, "content": _content(param, message.get("content"))}
+    if message.get("name") is not None:
+        out["name"] = _checked_text(f"{param}.name", message["name"])
+    return out
+
+
+def _content(param: str, content: Any) -> str:
+    if isinstance(content, str):
+        return _checked_text(f"{param}.content", content)
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            where = f"{param}.content[{j}]"
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ApiError(400, "Only text content parts are supported.", param=where,
+                               code="unsupported_value")
+            parts.append(_checked_text(f"{where}.text", part.get("text")))
+        return "".join(parts)
+    raise _type_error(f"{param}.content", "a string or an array of text parts")
+
+
+def _checked_text(param: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _type_error(param, "a string")
+    try:
+        # JSON escapes can smuggle lone surrogates (\ud800) that no tokenizer can encode.
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid_request(f"'{param}' is not valid Unicode text.", param=param,
+                              code="invalid_encoding") from None
+    return value
+
+
+def _prompt(fields: dict[str, Any]) -> str | tuple[int, ...]:
+    prompt = fields.get("prompt")
+    if prompt is None:
+        raise invalid_request("Missing required parameter: 'prompt'.", param="prompt",
+                              code="missing_required_parameter")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one is the same request
+    if isinstance(prompt, str):
+        return _checked_text("prompt", prompt)
+    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
+        return tuple(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise unsupported_value("prompt", "Batched prompts are not supported; send one each.")
+    raise _type_error("prompt", "a string or a non-empty array of token ids")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+
+
+def _max_tokens(fields: dict[str, Any]) -> int | None:
+    plain = _int(fields, "max_tokens", None, 1, MAX_TOKENS_CEILING)
+    newer = _int(fields, "max_completion_tokens", None, 1, MAX_TOKENS_CEILING)
+    if plain is not None and newer is not None and plain != newer:
+        raise invalid_request("Give max_tokens or max_completion_tokens, not two different values.",
+                              param="max_tokens", code="invalid_value")
+    return newer if newer is not None else plain
+
+
+def _stop(fields: dict[str, Any]) -> tuple[str, ...]:
+    stop = fields.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_SEQUENCES:
+        raise _type_error("stop", f"a string or an array of at most {MAX_STOP_SEQUENCES} strings")
+    checked = tuple(_checked_text("stop", s) for s in stops)
+    if any(not s for s in checked):
+        raise invalid_request("Stop sequences may not be empty.", param="stop",
+                              code="invalid_value")
+    return checked
+
+
+def _include_usage(fields: dict[str, Any], stream: bool) -> bool:
+    options = fields.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is "
+                              "enabled.", param="stream_options", code="invalid_value")
+    if not isinstance(options, dict):
+        raise _type_error("stream_options", "an object")
+    extra = set(options) - {"include_usage"}
+    if extra:
+        raise unknown_parameter(f"stream_options.{sorted(extra)[0]}")
+    return _bool(options, "include_usage", False, param="stream_options.include_usage")
+
+
+def _bool(fields: dict[str, Any], name: str, default: bool, *, param: str | None = None) -> bool:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _type_error(param or name, "a boolean")
+    return value
+
+
+def _number(fields: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _type_error(name, "a number")
+    return float(_in_range(name, value, low, high))
+
+
+def _int(fields: dict[str, Any], name: str, default: int | None, low: int, high: int) -> int | None:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _type_error(name, "an integer")
+    return int(_in_range(name, value, low, high))
+
+
+def _in_range(name: str, value: float, low: float, high: float) -> float:
+    if not low <= value <= high:
+        raise invalid_request(
+            f"Invalid '{name}': {value} is out of range; expected {low} to {high}.",
+            param=name, code="invalid_value",
+        )
+    return value
+
+
+def _string(fields: dict[str, Any], name: str, *, max_len: int) -> str | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > max_len:
+        raise _type_error(name, f"a string of at most {max_len} characters")
+    return _checked_text(name, value)
+
+
+def _type_error(param: str, expected: str) -> ApiError:
+    return invalid_request(f"Invalid type for '{param}': expected {expected}.", param=param,
+                           code="invalid_type")
+

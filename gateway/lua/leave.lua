@@ -1,0 +1,6 @@
+-- leave.lua: a worker that drained leaves its pool (nothing of it is left to reap).
+-- KEYS[1] workers:{pool}  KEYS[2] worker:{wid}:inflight  KEYS[3] worker:{wid}:load
+-- ARGV[1] worker id
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[3])
+return redis.call('SCARD', KEYS[2])

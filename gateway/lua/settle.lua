@@ -1,0 +1,110 @@
+-- settle.lua: end a request exactly once: refund, release, record usage, post the last event.
+--
+-- KEYS[1] req:{rid}  KEYS[2] deadlines  KEYS[3] usage:pending  KEYS[4] stream:{rid}
+-- ARGV[1] rid  ARGV[2] now in seconds ('' = Redis TIME)  ARGV[3] status  ARGV[4] finish reason
+-- ARGV[5] prompt tokens (-1 = the amount charged at admission)  ARGV[6] cached prompt tokens
+-- ARGV[7] output tokens (-1 = the count delivered to the stream so far)  ARGV[8] error code
+-- ARGV[9] stream MAXLEN  ARGV[10] stream TTL after the end  ARGV[11] req:{rid} TTL after the end
+-- ARGV[12] an in-flight set to leave ('' = the one recorded at claim)
+-- ARGV[13..] field, value pairs of a final stream event ('' first field = none)
+--
+-- Invariants:
+--   S1  once: the first call flips state to 'settled'; every later call returns {0, state} and
+--       writes nothing, so refunds, releases and the usage record happen exactly once.
+--   S2  the usage record is pushed by the same script that settles, so a settled request has
+--       exactly one record and a record always belongs to a settled request.
+--   S3  buckets stay within [0, burst] (refunds are capped, extra charges floor at 0) and the
+--       counters admit incremented are decremented once, never below zero.
+--   S4  the request leaves the deadlines zset and its worker's in-flight set in this step.
+
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return {0, 'unknown'} end
+if st == 'settled' then return {0, st} end
+
+local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+local now_ms = math.floor(now * 1000)
+local h = {}
+local flat = redis.call('HGETALL', KEYS[1])
+for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+
+local charged_in, charged_out = tonumber(h.p), tonumber(h.o)
+local prompt = tonumber(ARGV[5])
+if prompt < 0 then prompt = charged_in end
+local output = tonumber(ARGV[7])
+if output < 0 then output = tonumber(h.delivered or '0') end
+local cached = math.min(tonumber(ARGV[6]), prompt)
+
+-- The engine's counts win: refund what was charged but not used, charge what was used beyond.
+local deltas = {charged_in - prompt, charged_out - output, charged_in - prompt, charged_out - output}
+for i = 1, 4 do
+  local rate, burst = tonumber(h['r' .. i]), tonumber(h['x' .. i])
+  if rate and rate > 0 and deltas[i] ~= 0 then
+    local k = h['b' .. i]
+    local v = redis.call('HMGET', k, 'level', 'ts')
+    local level, ts = tonumber(v[1]) or burst, tonumber(v[2]) or now
+    level = math.min(burst, level + math.max(0, now - ts) * rate / 60)
+    level = math.max(0, math.min(burst, level + deltas[i]))
+    redis.call('HSET', k, 'level', string.format('%.6f', level), 'ts',
+               string.format('%.6f', math.max(now, ts)))
+  end
+end
+
+local function release(k)
+  if k and redis.call('DECR', k) < 0 then redis.call('SET', k, '0') end
+end
+release(h.c1)
+release(h.c2)
+if h.stream == '1' then
+  release(h.s1)
+  release(h.s2)
+end
+redis.call('ZREM', KEYS[2], ARGV[1])
+if h.inflight then redis.call('SREM', h.inflight, ARGV[1]) end
+if ARGV[12] ~= '' then redis.call('SREM', ARGV[12], ARGV[1]) end
+
+local admitted = tonumber(h.admitted_at)
+local dispatched = tonumber(h.dispatched_at or '')
+local first = tonumber(h.first_token_at or '')
+local record = {
+  request_id = ARGV[1],
+  tenant_id = tonumber(h.tenant) or h.tenant,
+  key_id = tonumber(h.key or '') or cjson.null,
+  model = h.model or cjson.null,
+  pool = h.pool or cjson.null,
+  prompt_tokens = prompt,
+  cached_tokens = cached,
+  completion_tokens = output,
+  queue_wait_ms = (dispatched or now_ms) - admitted,
+  ttft_ms = first and (first - admitted) or cjson.null,
+  total_ms = now_ms - admitted,
+  status = ARGV[3],
+  finish_reason = ARGV[4] ~= '' and ARGV[4] or cjson.null,
+  error_code = ARGV[8] ~= '' and ARGV[8] or cjson.null,
+  stream = h.stream == '1',
+  admitted_at_ms = admitted,
+  dispatched_at_ms = dispatched or cjson.null,
+  first_token_at_ms = first or cjson.null,
+  settled_at_ms = now_ms,
+}
+local encoded = cjson.encode(record)
+redis.call('RPUSH', KEYS[3], encoded)
+
+-- The transit payload (prompt ids, sampling) never outlives the request.
+redis.call('HDEL', KEYS[1], 'prompt_ids', 'sampling', 'salt', 'priority')
+redis.call('HSET', KEYS[1], 'state', 'settled', 'status', ARGV[3], 'settled_at', tostring(now_ms),
+           'out_final', tostring(output), 'in_final', tostring(prompt))
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[11]))
+
+if ARGV[13] and ARGV[13] ~= '' then
+  local ev = {}
+  for i = 13, #ARGV do ev[#ev + 1] = ARGV[i] end
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', unpack(ev))
+end
+if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], tonumber(ARGV[10])) end
+return {1, encoded, h.pool or '', h.tenant or '', h.weight or '1', tostring(charged_in),
+        tostring(charged_out), tostring(prompt), tostring(output),
+        (h.dispatched_at or ARGV[12] ~= '') and '1' or '0'}

@@ -1,0 +1,1 @@
+"""Tenant self-service portal: keys, usage, quotas, content logging, playground, finance pages."""

@@ -1,0 +1,125 @@
+"""Portal forms. Key caps are checked against the tenant's quotas by ``tenants.limits``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from metering.billing.models import SpendAlert
+from metering.billing.reports import GROUPS
+from tenants.limits import key_cap_errors, quota_table
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, ServedModel, Tenant
+
+GRACE_CHOICES = [
+    (0, "Immediately"), (3600, "1 hour"), (86400, "24 hours"), (7 * 86400, "7 days"),
+    (30 * 86400, "30 days"),
+]
+
+
+def models_for(tenant: Tenant) -> QuerySet[ServedModel]:
+    """Models with an enabled pool this tenant may be routed to (shared, or dedicated to it)."""
+    return ServedModel.objects.filter(
+        Q(pools__dedicated_to__isnull=True) | Q(pools__dedicated_to=tenant), pools__enabled=True
+    ).distinct().order_by("name")
+
+
+class KeyForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    allowed_models = forms.ModelMultipleChoiceField(
+        queryset=ServedModel.objects.none(), required=False,
+        widget=forms.CheckboxSelectMultiple, help_text="None ticked = every model of the tenant.",
+    )
+    expires_at = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text="Empty = never expires (UTC).",
+    )
+    input_tpm = forms.IntegerField(required=False, min_value=1, label="Input tokens / minute")
+    output_tpm = forms.IntegerField(required=False, min_value=1, label="Output tokens / minute")
+    concurrent_requests = forms.IntegerField(required=False, min_value=1)
+    open_streams = forms.IntegerField(required=False, min_value=1)
+    max_output_tokens = forms.IntegerField(required=False, min_value=1)
+
+    def __init__(self, *args: Any, tenant: Tenant, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant = tenant
+        self.fields["allowed_models"].queryset = models_for(tenant)
+
+    def clean_expires_at(self) -> datetime | None:
+        value = self.cleaned_data.get("expires_at")
+        if value is not None and value <= timezone.now():
+            raise forms.ValidationError("The expiry must be in the future.")
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        for field, message in key_cap_errors(self.caps(), quota_table(self.tenant)).items():
+            self.add_error(field, message)
+        return data
+
+    def caps(self) -> dict[str, int]:
+        return {f: self.cleaned_data[f] for f in LIMIT_FIELDS if self.cleaned_data.get(f)}
+
+
+class RotateForm(forms.Form):
+    grace_seconds = forms.TypedChoiceField(
+        choices=GRACE_CHOICES, coerce=int, initial=86400,
+        label="The old key keeps working for",
+    )
+
+    def old_key_expiry(self, key: ApiKey) -> datetime:
+        """The grace never extends a key past the expiry it already had."""
+        until = timezone.now() + timedelta(seconds=self.cleaned_data["grace_seconds"])
+        return min(until, key.expires_at) if key.expires_at else until
+
+
+class ContentLoggingForm(forms.Form):
+    enabled = forms.BooleanField(required=False)
+    confirm = forms.BooleanField(
+        required=True, label="I have read what is stored and for how long."
+    )
+
+
+class ReportForm(forms.Form):
+    start = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    end = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    group_by = forms.MultipleChoiceField(
+        choices=[(g, g) for g in GROUPS], initial=list(GROUPS), required=False,
+        widget=forms.CheckboxSelectMultiple,
+    )
+    format = forms.ChoiceField(choices=[("csv", "CSV"), ("xlsx", "Excel (XLSX)")])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("start") and data.get("end") and data["end"] <= data["start"]:
+            raise forms.ValidationError("The end must come after the start.")
+        return data
+
+
+class AlertForm(forms.ModelForm):
+    webhook_url = forms.URLField(required=False, assume_scheme="https",
+                                 help_text="Optional: POSTed a JSON body on firing.")
+
+    class Meta:
+        model = SpendAlert
+        fields = ["api_key", "metric", "period", "threshold", "webhook_url", "hard_cap"]
+
+    def __init__(self, *args: Any, tenant: Tenant, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["api_key"].queryset = ApiKey.objects.filter(tenant=tenant).usable()
+        self.fields["api_key"].required = False
+        self.fields["api_key"].empty_label = "Whole tenant"
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.BILLING)
+    expires_in_days = forms.IntegerField(required=False, min_value=1, max_value=3650)
+
+
+class MemberForm(forms.Form):
+    user = forms.CharField(max_length=254, label="Username or email")
+    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)

@@ -1,0 +1,31 @@
+"""What each tenant role may do, in one table used by the portal pages and the API.
+
+owner: everything in the tenant. member: their own keys and the usage of those keys, the
+playground. billing: usage and reports for the whole tenant, spend alerts.
+"""
+
+from __future__ import annotations
+
+OWNER, MEMBER, BILLING = "owner", "member", "billing"
+
+CAN: dict[str, frozenset[str]] = {
+    "keys": frozenset({OWNER, MEMBER}),  # a member sees and manages only the keys they made
+    "all_keys": frozenset({OWNER}),
+    "usage": frozenset({OWNER, MEMBER, BILLING}),
+    "all_usage": frozenset({OWNER, BILLING}),
+    "quotas": frozenset({OWNER, MEMBER, BILLING}),
+    "reports": frozenset({OWNER, BILLING}),
+    "alerts": frozenset({OWNER, BILLING}),
+    "members": frozenset({OWNER}),  # the portal page and the API
+    "content_logging": frozenset({OWNER}),
+    "tokens": frozenset({OWNER}),
+    "playground": frozenset({OWNER, MEMBER}),
+}
+
+
+def can(role: str | None, capability: str) -> bool:
+    return role is not None and role in CAN[capability]
+
+
+def capabilities(role: str | None) -> dict[str, bool]:
+    return {name: can(role, name) for name in CAN}

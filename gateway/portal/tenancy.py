@@ -1,0 +1,81 @@
+"""The tenant a portal request acts on, and the role the signed-in user has there.
+
+The tenant comes from the user's own memberships, never from a URL or form field the user
+could edit to reach another tenant: the session stores a tenant id, and it is only used if
+the user is still a member of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+
+from gateway.portal import roles
+from tenants.models import Membership
+
+SESSION_KEY = "portal_tenant_id"
+View = Callable[..., HttpResponse]
+
+
+def memberships(user: Any) -> list[Membership]:
+    return list(Membership.objects.filter(user=user).select_related("tenant").order_by(
+        "tenant__name"
+    ))
+
+
+def current_membership(request: HttpRequest) -> Membership | None:
+    mine = memberships(request.user)
+    chosen = request.session.get(SESSION_KEY)
+    for membership in mine:
+        if membership.tenant_id == chosen:
+            return membership
+    return mine[0] if mine else None
+
+
+def choose(request: HttpRequest, tenant_id: int) -> bool:
+    if Membership.objects.filter(user=request.user, tenant_id=tenant_id).exists():
+        request.session[SESSION_KEY] = tenant_id
+        return True
+    return False
+
+
+def tenant_view(capability: str) -> Callable[[View], View]:
+    """Sign-in required, a membership required, and the role must have ``capability``.
+
+    Sets ``request.membership``, ``request.tenant`` and ``request.role`` for the view.
+    """
+
+    def decorate(view: View) -> View:
+        @login_required
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            membership = current_membership(request)
+            if membership is None:
+                return redirect("portal:no_tenant")
+            if not roles.can(membership.role, capability):
+                raise PermissionDenied(f"Your role ({membership.role}) cannot open this page.")
+            request.membership = membership  # type: ignore[attr-defined]
+            request.tenant = membership.tenant  # type: ignore[attr-defined]
+            request.role = membership.role  # type: ignore[attr-defined]
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def context_processor(request: HttpRequest) -> dict[str, Any]:
+    """Navigation for portal templates (registered by the portal's base view helper)."""
+    membership = getattr(request, "membership", None)
+    return {
+        "membership": membership,
+        "tenant": getattr(membership, "tenant", None),
+        "can": roles.capabilities(getattr(membership, "role", None)),
+        "all_memberships": memberships(request.user) if membership else [],
+    }

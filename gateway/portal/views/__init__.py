@@ -1,0 +1,1 @@
+"""Portal views, one module per capability."""

@@ -1,0 +1,127 @@
+"""Reports (streamed or exported by Celery), monthly statements, spend alerts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from django.contrib import messages
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    JsonResponse,
+)
+from django.shortcuts import get_object_or_404, redirect
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from gateway.portal.forms import AlertForm, ReportForm
+from gateway.portal.tenancy import tenant_view
+from gateway.portal.views.base import page
+from metering.billing import exports, reports
+from metering.billing.downloads import report_response
+from metering.billing.models import AlertEvent, ExportJob, SpendAlert
+from tenants.models import Tenant
+
+
+@tenant_view("reports")
+def reports_page(request: HttpRequest) -> HttpResponse:
+    tenant, now = request.tenant, timezone.now()  # type: ignore[attr-defined]
+    initial = {"start": now.replace(day=1, hour=0, minute=0, second=0, microsecond=0),
+               "end": reports.floor_hour(now) + timedelta(hours=1), "format": "csv"}
+    form = ReportForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        return _download_or_queue(request, tenant, form.cleaned_data)
+    jobs = ExportJob.objects.filter(tenant=tenant)[:20]
+    return page(request, "portal/reports.html", {"form": form, "jobs": jobs,
+                                                 "months": _recent_months(now)})
+
+
+def _download_or_queue(request: HttpRequest, tenant: Tenant, data: dict) -> HttpResponse:
+    group_by = reports.parse_group_by(data["group_by"] or ["model"])
+    if exports.is_large(data["start"], data["end"], tenant):
+        job = exports.queue_export(tenant=tenant, user=request.user, start=data["start"],
+                                   end=data["end"], group_by=",".join(group_by), fmt=data["format"])
+        messages.info(request, "That range is large: it is being exported in the background.")
+        return redirect("portal:export", pk=job.pk)
+    report = reports.build_report(data["start"], data["end"], tenant=tenant, group_by=group_by)
+    name = f"usage-{tenant.slug}-{report.start:%Y%m%d%H}-{report.end:%Y%m%d%H}"
+    return report_response(report, data["format"], name)
+
+
+def _recent_months(now: datetime, count: int = 6) -> list[str]:
+    months, year, month = [], now.year, now.month
+    for _ in range(count):
+        months.append(f"{year:04d}-{month:02d}")
+        year, month = (year - 1, 12) if month == 1 else (year, month - 1)
+    return months
+
+
+def _job(request: HttpRequest, pk: int) -> ExportJob:
+    return get_object_or_404(ExportJob, pk=pk, tenant=request.tenant)  # type: ignore[attr-defined]
+
+
+@tenant_view("reports")
+def export_page(request: HttpRequest, pk: int) -> HttpResponse:
+    return page(request, "portal/export.html", {"job": _job(request, pk)})
+
+
+@tenant_view("reports")
+def export_status(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _job(request, pk)
+    return JsonResponse({"status": job.status, "progress": job.progress,
+                         "rows_done": job.rows_done, "rows_total": job.rows_total,
+                         "error": job.error})
+
+
+@tenant_view("reports")
+def export_download(request: HttpRequest, pk: int) -> HttpResponse:
+    job = _job(request, pk)
+    path = Path(job.file_path) if job.file_path else None
+    if job.status != ExportJob.Status.DONE or path is None or not path.is_file():
+        raise Http404("This export has no file yet.")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=job.filename)
+
+
+@tenant_view("reports")
+def statement_page(request: HttpRequest) -> HttpResponse:
+    tenant = request.tenant  # type: ignore[attr-defined]
+    try:
+        year, month = (int(p) for p in request.GET.get("month", "").split("-"))
+        start, end = reports.month_range(year, month, UTC)
+    except ValueError:
+        now = timezone.now()
+        start, end = reports.month_range(now.year, now.month, UTC)
+    report = reports.build_report(start, end, tenant=tenant, group_by=("model", "key"))
+    fmt = request.GET.get("format")
+    if fmt in ("csv", "xlsx"):
+        return report_response(report, fmt, f"statement-{tenant.slug}-{start:%Y-%m}")
+    return page(request, "portal/statement.html",
+                {"report": report, "month": f"{start:%Y-%m}", "issued": timezone.now()})
+
+
+@tenant_view("alerts")
+def alerts_page(request: HttpRequest) -> HttpResponse:
+    tenant = request.tenant  # type: ignore[attr-defined]
+    form = AlertForm(request.POST or None, tenant=tenant)
+    if request.method == "POST" and form.is_valid():
+        alert = form.save(commit=False)
+        alert.tenant, alert.created_by = tenant, request.user
+        alert.save()
+        messages.success(request, "Spend alert added.")
+        return redirect("portal:alerts")
+    return page(request, "portal/alerts.html", {
+        "form": form,
+        "alerts": SpendAlert.objects.filter(tenant=tenant).select_related("api_key"),
+        "events": AlertEvent.objects.filter(alert__tenant=tenant).select_related("alert")[:50],
+    })
+
+
+@tenant_view("alerts")
+@require_POST
+def alert_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    get_object_or_404(SpendAlert, pk=pk, tenant=request.tenant).delete()  # type: ignore[attr-defined]
+    messages.success(request, "Spend alert removed.")
+    return redirect("portal:alerts")

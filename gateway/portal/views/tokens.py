@@ -1,0 +1,46 @@
+"""Management API tokens: create (shown once), list, revoke. Owners only."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from gateway.portal.forms import TokenForm
+from gateway.portal.models import ManagementToken
+from gateway.portal.tenancy import tenant_view
+from gateway.portal.tokens import issue_token
+from gateway.portal.views.base import page, secret_page
+
+
+@tenant_view("tokens")
+def tokens_page(request: HttpRequest) -> HttpResponse:
+    tenant = request.tenant  # type: ignore[attr-defined]
+    form = TokenForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        days = form.cleaned_data["expires_in_days"]
+        token, plaintext = issue_token(
+            tenant, form.cleaned_data["name"], form.cleaned_data["role"],
+            created_by=request.user,
+            expires_at=timezone.now() + timedelta(days=days) if days else None,
+        )
+        return secret_page(request, "portal/token_created.html",
+                           {"token": token, "plaintext": plaintext})
+    tokens = ManagementToken.objects.filter(tenant=tenant)
+    return page(request, "portal/tokens.html", {"form": form, "tokens": tokens,
+                                                "now": timezone.now()})
+
+
+@tenant_view("tokens")
+@require_POST
+def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    token = get_object_or_404(ManagementToken, pk=pk, tenant=request.tenant)  # type: ignore[attr-defined]
+    ManagementToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    messages.success(request, f"Token {token.masked} revoked.")
+    return redirect("portal:tokens")

@@ -1,0 +1,110 @@
+"""Usage charts and the quotas page; numbers from ``gateway.portal.usage`` (hourly rollups)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Sum
+from django.db.models.functions import TruncHour
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+from gateway.portal import roles, usage
+from gateway.portal.charts import line_chart
+from gateway.portal.forms import models_for
+from gateway.portal.tenancy import tenant_view
+from gateway.portal.views.base import page
+from gateway.portal.views.keys import visible_keys
+from gateway.redis_conn import get_redis, key
+from metering.billing import reports
+from metering.billing.models import SpendAlert
+from tenants.limits import effective_limits
+
+
+def own_key_ids(request: HttpRequest) -> list[int] | None:
+    """None = the whole tenant; a member sees only the keys they made."""
+    if roles.can(request.role, "all_usage"):  # type: ignore[attr-defined]
+        return None
+    return list(visible_keys(request).values_list("id", flat=True))
+
+
+def _choice(request: HttpRequest, name: str, allowed: tuple[str, ...]) -> str:
+    value = request.GET.get(name, allowed[0])
+    return value if value in allowed else allowed[0]
+
+
+@tenant_view("usage")
+def usage_page(request: HttpRequest) -> HttpResponse:
+    tenant, now = request.tenant, timezone.now()  # type: ignore[attr-defined]
+    span = _choice(request, "range", tuple(usage.RANGES))
+    grain = _choice(request, "grain", ("hour", "day"))
+    by = _choice(request, "by", ("model", "key"))
+    start, end = usage.now_range(span, now)
+    key_ids = own_key_ids(request)
+    data = usage.series(tenant, start, end, grain=grain, by=by, key_ids=key_ids)
+    fmt = "%m-%d" if grain == "day" else "%m-%d %H:00"
+    mtd = usage.month_to_date(tenant, now, effective_limits(tenant), key_ids)
+    alerts = SpendAlert.objects.filter(tenant=tenant, period=SpendAlert.Period.MONTH, enabled=True)
+    return page(request, "portal/usage.html", {
+        "span": span, "grain": grain, "by": by, "ranges": list(usage.RANGES),
+        "input_chart": line_chart(f"Input tokens per {grain}", data.buckets, data.input,
+                                  time_format=fmt),
+        "output_chart": line_chart(f"Output tokens per {grain}", data.buckets, data.output,
+                                   time_format=fmt),
+        "ttft_chart": line_chart(f"Mean time to first token per {grain}", data.buckets,
+                                 data.ttft_mean, time_format=fmt, unit=" ms", totals=False),
+        "errors_chart": line_chart(f"Requests that did not complete per {grain}", data.buckets,
+                                   data.errors, time_format=fmt),
+        "ttft": usage.ttft_percentiles(tenant, now, key_ids),
+        "mtd": mtd,
+        "mtd_input_pct": usage.percent(mtd.input_tokens, mtd.input_capacity),
+        "mtd_output_pct": usage.percent(mtd.output_tokens, mtd.output_capacity),
+        "monthly_alerts": _alert_progress(alerts, mtd),
+        "scoped_to_own_keys": key_ids is not None,
+        # Counted per tenant, not per key: only roles that see the whole tenant get them.
+        "rejections": usage.rejections(tenant) if key_ids is None else None,
+    })
+
+
+def _alert_progress(alerts: object, mtd: usage.MonthToDate) -> list[dict[str, object]]:
+    rows = []
+    for alert in alerts:  # type: ignore[attr-defined]
+        if alert.api_key_id:
+            continue  # the month-to-date figures are tenant-wide
+        used = (mtd.input_tokens + mtd.output_tokens if alert.metric == SpendAlert.Metric.TOKENS
+                else sum(c.cost for c in mtd.cost))
+        rows.append({"alert": alert, "used": used, "pct": usage.percent(used, alert.threshold)})
+    return rows
+
+
+def _gauge(name: str, *parts: object) -> int | None:
+    try:
+        value = get_redis().get(key(name, *parts))
+    except Exception:  # the page still renders without the live numbers
+        return None
+    return int(value or 0)
+
+
+@tenant_view("quotas")
+def quotas_page(request: HttpRequest) -> HttpResponse:
+    tenant, now = request.tenant, timezone.now()  # type: ignore[attr-defined]
+    peak = (
+        reports.rollups(now - timedelta(hours=24), now + timedelta(hours=1), tenant=tenant)
+        .annotate(h=TruncHour("hour")).values("h")
+        .annotate(inp=Sum("prompt_tokens"), out=Sum("completion_tokens")).order_by()
+    )
+    peak_in = max((r["inp"] for r in peak), default=0) / 60
+    peak_out = max((r["out"] for r in peak), default=0) / 60
+    default = effective_limits(tenant)
+    per_model = [(m, effective_limits(tenant, m)) for m in models_for(tenant)]
+    concurrent = _gauge("conc", "tenant", tenant.id)
+    streams = _gauge("streams", "tenant", tenant.id)
+    return page(request, "portal/quotas.html", {
+        "default": default, "per_model": per_model,
+        "concurrent": concurrent, "streams": streams,
+        "concurrent_pct": usage.percent(concurrent or 0, default.concurrent_requests),
+        "streams_pct": usage.percent(streams or 0, default.open_streams),
+        "peak_in": round(peak_in), "peak_out": round(peak_out),
+        "peak_in_pct": usage.percent(peak_in, default.input_tpm),
+        "peak_out_pct": usage.percent(peak_out, default.output_tpm),
+    })

@@ -1,0 +1,313 @@
+"""The facade the HTTP layer uses: submit a tokenized request, read its events, cancel it.
+
+    result = await submit(tenant_id=..., key_id=..., weight=..., model=..., pool=...,
+                          prompt_token_ids=ids, sampling=params, limits=limits, stream=True)
+    if isinstance(result, Rejection):      # 429: result.headers(), result.too_large
+        ...
+    async for event in result.events():    # TokenEvent* then FinishEvent | ErrorEvent
+        ...
+    await result.cancel("client_disconnect")   # on disconnect; idempotent
+
+``submit`` admits (one Lua script charging every limit), stores the transit payload (prompt ids,
+sampling, cache salt) in req:{rid} (deleted when a worker claims it; never logged), enqueues in
+the pool's WFQ and wakes an idle worker. ``events`` enforces the time-to-first-token and total
+deadlines: on expiry it yields an ``ErrorEvent`` and cancels the sequence. Settlement happens
+exactly once wherever the request ends (worker, cancel while queued, janitor).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from array import array
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gateway import accounting
+from gateway.accounting import AdmissionLimits, Admitted, RateLimitInfo, Reason, Status
+from gateway.redis_conn import get_async_redis
+from workers import transport
+from workers.engine.base import FinishReason, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_RID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # 64: metering.UsageRecord.request_id
+
+
+@dataclass(frozen=True)
+class UsageInfo:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str
+    token_count: int
+    event_id: str  # the stream entry id: send as SSE ``id:`` so a client can resume after it
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    finish_reason: str  # stop | length | abort
+    usage: UsageInfo
+    event_id: str
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    code: str  # worker_lost, engine_error, deadline_exceeded, ttft_deadline_exceeded, ...
+    message: str
+    retryable: bool
+    event_id: str | None = None  # None when the gateway made it (deadlines)
+
+
+Event = TokenEvent | FinishEvent | ErrorEvent
+
+_LIMIT_NAMES = {
+    Reason.INPUT_TOKENS: "input tokens per minute",
+    Reason.OUTPUT_TOKENS: "output tokens per minute",
+    Reason.CONCURRENCY: "concurrent requests",
+    Reason.OPEN_STREAMS: "open streams",
+}
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Admission refused; nothing was charged. The HTTP layer answers 429 with ``headers()``."""
+
+    request_id: str
+    reason: str  # an ``accounting.Reason``
+    scope: str  # "tenant" | "key" (too_large: "tenant:output_tokens" ...)
+    retry_after: int  # seconds; 0 = retrying cannot help
+    rate_limit: RateLimitInfo
+    message: str
+
+    @property
+    def too_large(self) -> bool:
+        """OpenAI's 429 "Request too large": the request exceeds a bucket and can never fit."""
+        return self.reason == Reason.TOO_LARGE
+
+    def headers(self) -> dict[str, str]:
+        out = self.rate_limit.headers()
+        if self.retry_after > 0:
+            out["retry-after"] = str(self.retry_after)
+        return out
+
+
+def _event(entry: transport.StreamEvent) -> list[Event]:
+    f = entry.fields
+    out: list[Event] = []
+    if int(f.get("n", 0) or 0) or f.get("t"):
+        out.append(TokenEvent(f.get("t", ""), int(f.get("n", 0) or 0), entry.id))
+    if "e" in f:
+        out.append(ErrorEvent(f["e"], f.get("m", ""), f.get("r") == "1", entry.id))
+    elif "f" in f:
+        u = json.loads(f.get("u") or "{}")
+        usage = UsageInfo(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)),
+                          int(u.get("cached_tokens", 0)))
+        out.append(FinishEvent(f["f"], usage, entry.id))
+    return out
+
+
+class Submission:
+    """An admitted, queued request. Safe to use from the event loop that created it."""
+
+    def __init__(self, request_id: str, *, pool: str, tenant_id: str, rate_limit: RateLimitInfo,
+                 ttft_deadline_s: float, total_deadline_s: float, started: float) -> None:
+        self.request_id = request_id
+        self.pool = pool
+        self.tenant_id = tenant_id
+        self.rate_limit = rate_limit
+        self.ttft_deadline_s = ttft_deadline_s
+        self.total_deadline_s = total_deadline_s
+        self._started = started  # time.monotonic() at admission
+        self._ended = False
+
+    async def events(self, last_event_id: str = "0-0") -> AsyncIterator[Event]:
+        """Token events, then one FinishEvent or ErrorEvent. Resumable after ``last_event_id``.
+
+        Deadlines run from admission: no token by ``ttft_deadline_s`` or no end by
+        ``total_deadline_s`` yields ErrorEvent(ttft_deadline_exceeded | deadline_exceeded) and
+        cancels the request (the engine aborts it; the worker bills the tokens it generated).
+        """
+        got_token = last_event_id != "0-0"
+        with transport.open_subscription(self.request_id, last_event_id) as sub:
+            while True:
+                limit = self.total_deadline_s if got_token else self.ttft_deadline_s
+                entry = await sub.next(self._started + limit - time.monotonic())
+                if entry is None:
+                    yield await self._expire(ttft=not got_token)
+                    return
+                for event in _event(entry):
+                    got_token = got_token or isinstance(event, TokenEvent)
+                    yield event
+                if entry.terminal:
+                    self._ended = True
+                    return
+
+    async def _expire(self, *, ttft: bool) -> ErrorEvent:
+        code = "ttft_deadline_exceeded" if ttft else "deadline_exceeded"
+        limit = self.ttft_deadline_s if ttft else self.total_deadline_s
+        await self.cancel(code)
+        what = "the first token" if ttft else "the whole response"
+        # A first-token timeout is congestion and may pass; a total timeout would recur.
+        return ErrorEvent(code, f"No {what} within {limit:g} s; the request was cancelled.",
+                          retryable=ttft)
+
+    async def cancel(self, reason: str = "client_disconnect") -> None:
+        """Stop the request wherever it is; idempotent. Settles it if it was still queued."""
+        if not self._ended:
+            await cancel_request(self.request_id, reason)
+
+
+async def cancel_request(rid: str, reason: str) -> bool:
+    """Cancel by id (gateway or janitor). True if a cancel was issued, False if already settled.
+
+    The flag is set first (cancel.lua). A request still in its queue is removed and settled here
+    as cancelled with nothing billed (no accelerator work was done); one a worker holds is
+    aborted through ``cancel:{pool}`` and the worker settles it with the engine's counts.
+    """
+    found = await accounting.mark_cancel_async(rid, reason)
+    if found is None:
+        return False
+    state, pool, tenant = found
+    if state == "queued" and await accounting._async_wfq().remove(pool, tenant, rid):
+        await accounting.settle_async(
+            rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
+            output_tokens=0, error_code=reason,
+            event=transport.finish_event(FinishReason.ABORT, _usage(0, 0, 0)),
+        )
+        return True
+    await transport.publish_cancel(pool, rid, reason)
+    return True
+
+
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
+            "total_tokens": prompt + completion}
+
+
+def pack_prompt(ids: Sequence[int]) -> bytes:
+    """Prompt ids as little-endian uint32: 4 bytes a token in Redis, not JSON digits."""
+    packed = array("I", ids)
+    if packed.itemsize != 4:  # pragma: no cover - every supported platform has 4-byte "I"
+        raise RuntimeError("array('I') is not 4 bytes here")
+    return packed.tobytes()
+
+
+def unpack_prompt(data: bytes) -> list[int]:
+    return array("I", data).tolist()
+
+
+def pack_sampling(sampling: SamplingParams) -> str:
+    return json.dumps(asdict(sampling), separators=(",", ":"))
+
+
+def unpack_sampling(data: bytes | str) -> SamplingParams:
+    raw: dict[str, Any] = json.loads(data)
+    raw["stop"] = tuple(raw.get("stop") or ())
+    raw["stop_token_ids"] = tuple(raw.get("stop_token_ids") or ())
+    return SamplingParams(**raw)
+
+
+def _message(rejected: accounting.Rejected, limits: AdmissionLimits, prompt: int,
+             max_out: int) -> str:
+    if rejected.reason == Reason.TOO_LARGE:
+        scope, _, kind = rejected.scope.partition(":")
+        part = getattr(limits, scope)
+        burst, need = (part.buckets()[0][1], prompt) if kind == "input_tokens" else (
+            part.buckets()[1][1], max_out)
+        what = "input" if kind == "input_tokens" else "output"
+        return (f"Request too large: it needs {need} {what} tokens at once, and the {scope}'s "
+                f"limit allows at most {burst}. Use a shorter prompt or a smaller max_tokens.")
+    if rejected.reason == Reason.DUPLICATE:
+        return f"Request id {rejected.request_id!r} is already in use."
+    name = _LIMIT_NAMES.get(rejected.reason, rejected.reason)
+    return (f"Rate limit reached for {name} ({rejected.scope}). "
+            f"Please try again in {rejected.retry_after}s.")
+
+
+async def submit(
+    *, tenant_id: int | str, key_id: int | str | None, weight: float, model: str, pool: str,
+    prompt_token_ids: Sequence[int], sampling: SamplingParams, limits: AdmissionLimits,
+    stream: bool, request_id: str | None = None, cache_salt: str | None = None,
+    priority: int = 0, now: float | None = None,
+) -> Submission | Rejection:
+    """Admit and enqueue one tokenized request (see the module docstring).
+
+    ``limits``: ``AdmissionLimits.from_limits(principal.tenant_limits(m), principal.limits(m))``.
+    ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``.
+    """
+    rid = request_id or f"req-{uuid.uuid4().hex}"
+    if not _RID.fullmatch(rid):
+        raise ValueError("request_id must be 1-64 characters of [A-Za-z0-9_.:-]")
+    if not prompt_token_ids:
+        raise ValueError("prompt_token_ids is empty")
+    if cache_salt is None:
+        from tenants.salts import cache_salt as salt_of
+
+        cache_salt = salt_of(int(tenant_id))
+    started = time.monotonic()
+    prompt, max_out = len(prompt_token_ids), sampling.max_tokens
+    result = await accounting.admit_async(
+        request_id=rid, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
+        prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
+        extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
+               "salt": cache_salt, "weight": repr(float(weight)), "priority": priority},
+    )
+    if not isinstance(result, Admitted):
+        return Rejection(rid, result.reason, result.scope, result.retry_after, result.rate_limit,
+                         _message(result, limits, prompt, max_out))
+    try:
+        await accounting._async_wfq().enqueue(
+            pool, str(tenant_id), rid, weight=weight, prompt_tokens=prompt,
+            max_output_tokens=max_out, kv_tokens=prompt + max_out,
+        )
+    except BaseException:
+        # Not queued, so nobody else will end it: give the charge back now.
+        await accounting.settle_async(rid, status=Status.ERROR, prompt_tokens=0, output_tokens=0,
+                                      error_code="enqueue_failed")
+        raise
+    await _wake(pool)
+    return Submission(rid, pool=pool, tenant_id=str(tenant_id), rate_limit=result.rate_limit,
+                      ttft_deadline_s=limits.ttft_deadline_s,
+                      total_deadline_s=limits.total_deadline_s, started=started)
+
+
+async def _wake(pool: str) -> None:
+    """Nudge one idle worker of the pool (its BLPOP returns); capped so it never grows."""
+    pipe = get_async_redis().pipeline(transaction=False)
+    wake = transport.wake_key(pool)
+    pipe.lpush(wake, "1")
+    pipe.ltrim(wake, 0, 63)
+    await pipe.execute()
+
+
+async def attach(request_id: str, tenant_id: int | str) -> Submission | None:
+    """Re-open a request of this tenant (a reconnect with Last-Event-ID); None if unknown.
+
+    The deadlines keep running from the original admission.
+    """
+    if not _RID.fullmatch(request_id):
+        return None
+    values = await get_async_redis().hmget(
+        accounting.req_key(request_id), "tenant", "pool", "ttft_s", "total_s", "admitted_at")
+    tenant, pool, ttft, total, admitted = (v.decode() if v else None for v in values)
+    if tenant is None or tenant != str(tenant_id):
+        return None  # another tenant's id reads as unknown (I1)
+    t_redis = await get_async_redis().time()
+    age = max(0.0, t_redis[0] + t_redis[1] / 1e6 - int(admitted or 0) / 1000)
+    return Submission(request_id, pool=pool or "", tenant_id=tenant,
+                      rate_limit=RateLimitInfo(-1, -1, -1, -1, 0.0),
+                      ttft_deadline_s=float(ttft or 30), total_deadline_s=float(total or 600),
+                      started=time.monotonic() - age)

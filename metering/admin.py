@@ -1,0 +1,55 @@
+"""Admin for usage records and hourly rollups.
+
+The raw table holds a row per request, so its changelist must never run ``COUNT(*)``:
+``CappedCountPaginator`` counts at most ``CAP`` rows (a bounded ``LIMIT`` subquery) and the
+changelist skips the unfiltered full count.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.core.paginator import Paginator
+from django.utils.functional import cached_property
+
+from metering.models import UsageRecord, UsageRollup
+
+
+class CappedCountPaginator(Paginator):
+    CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        # SELECT COUNT(*) FROM (SELECT ... LIMIT CAP): bounded work whatever the table size.
+        return self.object_list[: self.CAP].count()
+
+
+class _ReadOnly(admin.ModelAdmin):
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(_ReadOnly):
+    list_display = ("request_id", "tenant_id", "api_key_id", "model_name", "pool_name",
+                    "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "total_ms",
+                    "status", "finish_reason", "finished_at")
+    list_filter = ("status", "model_name")
+    search_fields = ("=request_id",)
+    ordering = ("-id",)
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    list_per_page = 100
+
+
+@admin.register(UsageRollup)
+class UsageRollupAdmin(_ReadOnly):
+    list_display = ("hour", "tenant_id", "api_key_id", "model_name", "requests", "errors",
+                    "prompt_tokens", "cached_tokens", "completion_tokens")
+    list_filter = ("model_name",)
+    date_hierarchy = "hour"
+    ordering = ("-hour",)
+    paginator = CappedCountPaginator
+    show_full_result_count = False

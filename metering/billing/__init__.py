@@ -1,0 +1,1 @@
+"""Finance: prices per model, usage reports and statements, exports, spend alerts."""

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class BillingConfig(AppConfig):
+    name = "metering.billing"
+    label = "billing"
+    verbose_name = "Billing"
+    default_auto_field = "django.db.models.BigAutoField"

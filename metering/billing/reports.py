@@ -1,0 +1,223 @@
+"""Usage reports from the hourly rollups: grouped token counts, requests and cost, with totals.
+
+A report covers whole hours, because that is the grain of ``UsageRollup``: every hour that
+starts in ``[start, end)`` with ``start`` floored to its hour, so an ``end`` of "now" includes the
+hour in progress; each rollup row is costed at the price in effect at its hour (prices start on
+the hour, ``Price.clean``), so the cost equals the sum of every record's own cost exactly.
+Rows are grouped by any of tenant, key and model, and by currency, because amounts in two
+currencies are never added together; the totals come one row per currency.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import IO
+
+from django.db.models import QuerySet
+
+from metering.billing.pricing import PriceBook
+from metering.models import UsageRollup
+from tenants.models import ApiKey, Tenant
+
+GROUPS = ("tenant", "key", "model")
+PROGRESS_EVERY = 1000
+Progress = Callable[[int, int], None]
+
+
+def floor_hour(when: datetime) -> datetime:
+    return when.replace(minute=0, second=0, microsecond=0)
+
+
+def ceil_hour(when: datetime) -> datetime:
+    floor = floor_hour(when)
+    return floor if floor == when else floor + timedelta(hours=1)
+
+
+def month_range(year: int, month: int, tz: object) -> tuple[datetime, datetime]:
+    start = datetime(year, month, 1, tzinfo=tz)  # type: ignore[arg-type]
+    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=tz)  # type: ignore[arg-type]
+    return start, end
+
+
+@dataclass
+class ReportRow:
+    tenant: str = ""
+    key: str = ""
+    model: str = ""
+    currency: str = ""
+    requests: int = 0
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    cost: Decimal = field(default_factory=Decimal)
+
+    def add(self, requests: int, prompt: int, cached: int, completion: int, cost: Decimal) -> None:
+        self.requests += requests
+        self.input_tokens += prompt
+        self.cached_input_tokens += cached
+        self.output_tokens += completion
+        self.cost += cost
+
+
+@dataclass
+class Report:
+    start: datetime
+    end: datetime
+    group_by: tuple[str, ...]
+    rows: list[ReportRow]
+    totals: list[ReportRow]  # one per currency ('' = unpriced usage)
+
+    @property
+    def columns(self) -> list[str]:
+        return [*self.group_by, "requests", "input_tokens", "cached_input_tokens",
+                "output_tokens", "cost", "currency"]
+
+    def cells(self, row: ReportRow, label: str | None = None) -> list[object]:
+        groups = [getattr(row, g) for g in self.group_by]
+        if label is not None:
+            groups = [label, *[""] * (len(groups) - 1)] if groups else []
+        return [*groups, row.requests, row.input_tokens, row.cached_input_tokens,
+                row.output_tokens, row.cost, row.currency]
+
+    def table(self) -> Iterator[list[object]]:
+        """Header, rows, then the totals rows labelled TOTAL."""
+        yield self.columns
+        for row in self.rows:
+            yield self.cells(row)
+        for total in self.totals:
+            yield self.cells(total, label="TOTAL")
+
+
+def parse_group_by(text: str | Iterable[str]) -> tuple[str, ...]:
+    """'tenant,model' -> ('tenant', 'model') in canonical order; ValueError names a bad one."""
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
+    unknown = sorted(set(names) - set(GROUPS))
+    if unknown:
+        raise ValueError(f"cannot group by {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
+    return tuple(g for g in GROUPS if g in names)
+
+
+def rollups(
+    start: datetime, end: datetime, *, tenant: Tenant | None = None,
+    api_key_ids: Sequence[int] | None = None, model: str | None = None,
+) -> QuerySet[UsageRollup]:
+    qs = UsageRollup.objects.filter(hour__gte=floor_hour(start), hour__lt=end)
+    if tenant is not None:
+        qs = qs.filter(tenant=tenant)
+    if api_key_ids is not None:
+        qs = qs.filter(api_key_id__in=list(api_key_ids))
+    if model:
+        qs = qs.filter(model_name=model)
+    return qs
+
+
+def build_report(
+    start: datetime, end: datetime, *, tenant: Tenant | None = None,
+    group_by: Sequence[str] = GROUPS, api_key_ids: Sequence[int] | None = None,
+    model: str | None = None, progress: Progress | None = None,
+) -> Report:
+    qs = rollups(start, end, tenant=tenant, api_key_ids=api_key_ids, model=model)
+    total = qs.count() if progress else 0
+    book = PriceBook(qs.values_list("model_name", flat=True).distinct().order_by())
+    groups: dict[tuple[object, ...], ReportRow] = {}
+    fields = ("tenant_id", "api_key_id", "model_name", "hour", "requests", "prompt_tokens",
+              "cached_tokens", "completion_tokens")
+    done = 0
+    for tid, kid, model_name, hour, n, prompt, cached, completion in (
+        qs.order_by().values_list(*fields).iterator(chunk_size=2000)
+    ):
+        cost, currency = book.cost(model_name, hour, prompt, cached, completion)
+        ident = {"tenant": tid, "key": kid, "model": model_name}
+        group = (*(ident[g] for g in group_by), currency)
+        row = groups.setdefault(group, ReportRow(currency=currency))
+        row.add(n, prompt, cached, completion, cost)
+        done += 1
+        if progress and done % PROGRESS_EVERY == 0:
+            progress(done, total)
+    rows = _label(groups, tuple(group_by))
+    if progress:
+        progress(done, total)
+    return Report(floor_hour(start), ceil_hour(end), tuple(group_by), rows, _totals(rows))
+
+
+def _label(
+    groups: dict[tuple[object, ...], ReportRow], group_by: tuple[str, ...]
+) -> list[ReportRow]:
+    """Fill in tenant and key names (two queries) and sort the rows for reading."""
+    position = {g: i for i, g in enumerate(group_by)}
+    tenant_ids = {k[position["tenant"]] for k in groups} if "tenant" in position else set()
+    key_ids = {k[position["key"]] for k in groups} if "key" in position else set()
+    tenants = dict(Tenant.objects.filter(id__in=tenant_ids - {None}).values_list("id", "slug"))
+    keys = {k.id: f"{k.name} ({k.masked})" for k in ApiKey.objects.filter(id__in=key_ids - {None})}
+    for ident, row in groups.items():
+        if "tenant" in position:
+            tid = ident[position["tenant"]]
+            row.tenant = tenants.get(tid, f"(deleted tenant #{tid})")
+        if "key" in position:
+            kid = ident[position["key"]]
+            row.key = "(no key)" if kid is None else keys.get(kid, f"(deleted key #{kid})")
+        if "model" in position:
+            row.model = str(ident[position["model"]])
+    return sorted(groups.values(), key=lambda r: (r.tenant, r.key, r.model, r.currency))
+
+
+def _totals(rows: Iterable[ReportRow]) -> list[ReportRow]:
+    by_currency: dict[str, ReportRow] = {}
+    for row in rows:
+        total = by_currency.setdefault(row.currency, ReportRow(currency=row.currency))
+        total.add(row.requests, row.input_tokens, row.cached_input_tokens, row.output_tokens,
+                  row.cost)
+    return [by_currency[c] for c in sorted(by_currency)] or [ReportRow()]
+
+
+# --- files ---------------------------------------------------------------------------------
+
+def _text(value: object) -> object:
+    return f"{value:f}" if isinstance(value, Decimal) else value
+
+
+def csv_lines(report: Report) -> Iterator[str]:
+    """The report as CSV, one line at a time (for a streaming response)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    for cells in report.table():
+        writer.writerow([_text(c) for c in cells])
+        yield buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()
+
+
+def write_csv(report: Report, out: IO[str]) -> None:
+    for line in csv_lines(report):
+        out.write(line)
+
+
+def write_xlsx(report: Report, out: IO[bytes]) -> None:
+    from openpyxl import Workbook
+    from openpyxl.styles import Font
+
+    book = Workbook(write_only=True)
+    sheet = book.create_sheet("usage")
+    sheet.append([f"Usage {report.start:%Y-%m-%d %H:00} to {report.end:%Y-%m-%d %H:00} UTC"])
+    bold = Font(bold=True)
+    n_rows = len(report.rows)
+    for index, cells in enumerate(report.table()):
+        if index == 0 or index > n_rows:  # header and totals in bold
+            sheet.append([_bold_cell(sheet, c, bold) for c in cells])
+        else:
+            sheet.append(cells)
+    book.save(out)
+
+
+def _bold_cell(sheet: object, value: object, font: object) -> object:
+    from openpyxl.cell import WriteOnlyCell
+
+    cell = WriteOnlyCell(sheet, value=value)  # type: ignore[arg-type]
+    cell.font = font
+    return cell
+

@@ -1,0 +1,85 @@
+"""Hourly rollups per tenant, key and model, recomputed from the raw records of that hour.
+
+Recomputing an hour (rather than adding increments) makes the job idempotent: running it twice,
+or after a crash half-way, gives the same rows. The writer marks each hour it inserted records
+for in ``usage:dirty_hours``; the rollup recomputes those hours and unmarks an hour only after
+its rows are committed, so a late record (a writer backlog) still lands in its hour's row.
+One rollup runs at a time (a Redis lease), so two recomputations never interleave their upserts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce
+
+from gateway.redis_conn import get_redis, key
+from metering.models import UsageRecord, UsageRollup
+from metering.writer import dirty_hours_key
+
+LEASE_MS = 120_000
+_CLEAR = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
+"""
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def rollup_hour(hour: datetime) -> int:
+    """Recompute every (tenant, key, model) row for one hour; returns the number of rows."""
+    groups = (
+        UsageRecord.objects.filter(finished_at__gte=hour, finished_at__lt=hour + timedelta(hours=1))
+        .values("tenant_id", "api_key_id", "model_name")
+        .annotate(
+            n=Count("id"),
+            n_err=Count("id", filter=~Q(status=UsageRecord.Status.OK)),
+            prompt=Sum("prompt_tokens"),
+            cached=Sum("cached_tokens"),
+            completion=Sum("completion_tokens"),
+            ttft=Coalesce(Sum("ttft_ms"), 0),
+            total=Coalesce(Sum("total_ms"), 0),
+        )
+        .order_by()
+    )
+    rows = [
+        UsageRollup(
+            hour=hour, tenant_id=g["tenant_id"], api_key_id=g["api_key_id"],
+            model_name=g["model_name"], requests=g["n"], errors=g["n_err"],
+            prompt_tokens=g["prompt"], cached_tokens=g["cached"],
+            completion_tokens=g["completion"], ttft_ms_sum=g["ttft"], total_ms_sum=g["total"],
+        )
+        for g in groups
+    ]
+    with transaction.atomic():
+        UsageRollup.objects.bulk_create(
+            rows, update_conflicts=True,
+            unique_fields=["hour", "tenant", "api_key", "model_name"],
+            update_fields=["requests", "errors", "prompt_tokens", "cached_tokens",
+                           "completion_tokens", "ttft_ms_sum", "total_ms_sum", "updated_at"],
+        )
+    return len(rows)
+
+
+def rollup_dirty(limit: int = 48) -> list[datetime] | None:
+    """Recompute the hours the writer marked. None if another rollup holds the lease."""
+    client = get_redis()
+    lease, token = key("usage", "rollup_lease"), uuid.uuid4().hex
+    if not client.set(lease, token, nx=True, px=LEASE_MS):
+        return None
+    done: list[datetime] = []
+    try:
+        marks = client.hgetall(dirty_hours_key())
+        for raw, version in sorted(marks.items())[:limit]:
+            hour = datetime.fromisoformat(raw.decode())
+            rollup_hour(hour)
+            client.eval(_CLEAR, 1, dirty_hours_key(), raw, version)
+            done.append(hour)
+    finally:
+        client.eval(_UNLOCK, 1, lease, token)
+    return sorted(done)

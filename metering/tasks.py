@@ -1,0 +1,38 @@
+"""Celery tasks: flush pending usage records, then roll up the hours they touched.
+
+Both are short, idempotent and safe to run concurrently (each takes a Redis lease and returns at
+once if another run holds it), so they are scheduled every few seconds and never retried: the
+next run picks up whatever this one did not finish.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from gateway.celery import app
+from metering import rollups, writer
+
+FLUSH_EVERY_S = 2.0
+ROLLUP_EVERY_S = 30.0
+
+
+@shared_task(name="metering.flush_usage", ignore_result=True)
+def flush_usage() -> int:
+    result = writer.flush()
+    return result.inserted if result else 0
+
+
+@shared_task(name="metering.rollup_usage", ignore_result=True)
+def rollup_usage() -> int:
+    # Flush first so the rollup sees everything settled so far.
+    writer.flush()
+    return len(rollups.rollup_dirty() or [])
+
+
+@app.on_after_finalize.connect
+def _schedule(sender: Any, **_: object) -> None:
+    # Runs under `celery beat` (or a worker started with -B).
+    sender.add_periodic_task(FLUSH_EVERY_S, flush_usage.s(), name="flush usage records")
+    sender.add_periodic_task(ROLLUP_EVERY_S, rollup_usage.s(), name="roll up usage by hour")

@@ -1,0 +1,232 @@
+"""Drain ``usage:pending`` into ``UsageRecord`` in batches, losing and duplicating nothing.
+
+Settlement pushes one JSON record per request onto ``usage:pending`` (``gateway.accounting``).
+The writer moves a batch to ``usage:processing`` and inserts it; the batch leaves Redis only
+after the transaction that holds it has committed. Invariants:
+
+- A record is always in ``usage:pending``, in ``usage:processing``, or in the database. A
+  writer that crashes after claiming leaves its batch in ``usage:processing``; the next writer
+  inserts that first.
+- Inserting is idempotent (``request_id`` is unique, conflicts are skipped), so re-inserting a
+  batch after a crash between commit and delete writes nothing twice.
+- Only the holder of the writer lease claims or deletes, and each claim/delete checks the lease
+  token inside its Lua script, so a writer whose lease lapsed (a long GC pause, a slow commit)
+  can never delete a batch a newer writer claimed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+
+from gateway.redis_conn import get_redis, key
+from metering import metrics
+from metering.models import UsageRecord
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 500
+LEASE_MS = 60_000
+
+# KEYS: pending, processing, lease   ARGV: token, n
+# Moves up to n records from pending to processing, only while the caller holds the lease.
+_CLAIM = """
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then return false end
+local out = {}
+for i = 1, tonumber(ARGV[2]) do
+  local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+  if not item then break end
+  out[#out + 1] = item
+end
+return out
+"""
+# KEYS: processing, lease   ARGV: token. Drops the committed batch, only under the lease.
+_RELEASE = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+# KEYS: lease   ARGV: token. Gives the lease back if still ours.
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def pending_key() -> str:
+    return key("usage", "pending")
+
+
+def processing_key() -> str:
+    return key("usage", "processing")
+
+
+def dead_key() -> str:
+    return key("usage", "dead")
+
+
+def dirty_hours_key() -> str:
+    return key("usage", "dirty_hours")
+
+
+@dataclass
+class FlushResult:
+    claimed: int = 0
+    inserted: int = 0
+    rejected: int = 0
+    hours: set[datetime] = field(default_factory=set)
+
+
+def flush(batch_size: int = BATCH_SIZE, max_batches: int = 100) -> FlushResult | None:
+    """Write pending usage records. None if another writer holds the lease right now."""
+    client = get_redis()
+    token = uuid.uuid4().hex
+    lease = key("usage", "writer_lease")
+    if not client.set(lease, token, nx=True, px=LEASE_MS):
+        return None
+    result = FlushResult()
+    try:
+        # First anything a crashed writer left behind, then new records.
+        leftover = client.lrange(processing_key(), 0, -1)
+        if leftover and not _write_batch(client, token, leftover, result):
+            return result
+        for _ in range(max_batches):
+            batch = client.eval(_CLAIM, 3, pending_key(), processing_key(), lease, token,
+                                batch_size)
+            if not batch or not _write_batch(client, token, batch, result):
+                break
+            client.pexpire(lease, LEASE_MS)
+    finally:
+        client.eval(_UNLOCK, 1, lease, token)
+    return result
+
+
+def _write_batch(client: Any, token: str, raw: list[bytes], result: FlushResult) -> bool:
+    records, bad = parse_batch(raw)
+    with transaction.atomic():
+        created = UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
+    result.claimed += len(raw)
+    result.inserted += len(created)
+    result.rejected += len(bad)
+    hours = {hour_of(r.finished_at) for r in records}
+    result.hours |= hours
+    pipe = client.pipeline()
+    if bad:
+        # Kept, not dropped: a record we cannot parse is a bug to look at, and still a bill.
+        pipe.rpush(dead_key(), *bad)
+    for hour in hours:
+        # A version per hour, not a set member: see metering.rollups for why.
+        pipe.hincrby(dirty_hours_key(), hour.isoformat(), 1)
+    metrics.add_records(pipe, records)
+    pipe.execute()
+    released = client.eval(_RELEASE, 2, processing_key(), key("usage", "writer_lease"), token)
+    if not released:
+        log.warning("usage writer lost its lease; the next writer re-inserts the batch")
+    return bool(released)
+
+
+def parse_batch(raw: Iterable[bytes]) -> tuple[list[UsageRecord], list[bytes]]:
+    records: dict[str, UsageRecord] = {}
+    bad: list[bytes] = []
+    for item in raw:
+        try:
+            record = record_from_json(json.loads(item))
+        except (ValueError, TypeError, KeyError) as exc:
+            log.error("unreadable usage record (%s): %.200r", exc, item)
+            bad.append(item)
+            continue
+        records[record.request_id] = record  # a duplicate inside one batch counts once
+    return list(records.values()), bad
+
+
+def record_from_json(data: Mapping[str, Any]) -> UsageRecord:
+    """One settlement record -> an unsaved UsageRecord (fields as settle.lua writes them)."""
+    finished = _time_ms(data, "settled_at") or _time(_first(data, "finished_at", default=None))
+    started = _time_ms(data, "admitted_at") or _time(_first(data, "started_at", default=None))
+    started = started or finished
+    if finished is None:
+        raise ValueError("no finish time")
+    return UsageRecord(
+        request_id=str(_first(data, "request_id", "rid"))[:64],
+        tenant_id=int(data["tenant_id"]),
+        api_key_id=_int_or_none(_first(data, "key_id", "api_key_id", default=None)),
+        model_name=str(_first(data, "model", "model_name"))[:128],
+        pool_name=str(_first(data, "pool", "pool_name", default=""))[:64],
+        prompt_tokens=_count(_first(data, "prompt_tokens", default=0)),
+        cached_tokens=_count(_first(data, "cached_tokens", "cached_prompt_tokens", default=0)),
+        completion_tokens=_count(_first(data, "completion_tokens", "output_tokens", default=0)),
+        queue_wait_ms=_ms(data, "queue_wait"),
+        ttft_ms=_ms(data, "ttft"),
+        total_ms=_ms(data, "total", "latency"),
+        status=str(_first(data, "status", default="ok"))[:16],
+        finish_reason=str(_first(data, "finish_reason", default=""))[:32],
+        error_code=str(_first(data, "error_code", default=""))[:64],
+        stream=bool(data.get("stream", False)),
+        started_at=started,
+        finished_at=finished,
+    )
+
+
+_MISSING = object()
+
+
+def _first(data: Mapping[str, Any], *names: str, default: Any = _MISSING) -> Any:
+    for name in names:
+        if data.get(name) is not None:
+            return data[name]
+    if default is _MISSING:
+        raise KeyError(names[0])
+    return default
+
+
+def _count(value: Any) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("negative count")
+    return number
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _ms(data: Mapping[str, Any], *stems: str) -> int | None:
+    for stem in stems:
+        if data.get(f"{stem}_ms") is not None:
+            return max(0, round(float(data[f"{stem}_ms"])))
+        if data.get(f"{stem}_s") is not None:
+            return max(0, round(float(data[f"{stem}_s"]) * 1000))
+    return None
+
+
+def _time_ms(data: Mapping[str, Any], stem: str) -> datetime | None:
+    value = data.get(f"{stem}_ms")
+    return None if value is None else datetime.fromtimestamp(float(value) / 1000, tz=UTC)
+
+
+def _time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) or (isinstance(value, str) and _is_number(value)):
+        return datetime.fromtimestamp(float(value), tz=UTC)
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def hour_of(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)

@@ -1,0 +1,99 @@
+"""Mutual TLS behind a TLS-terminating proxy: a client certificate bound to a tenant.
+
+The proxy (nginx, Envoy, an ALB) verifies the TLS handshake and forwards the client
+certificate (``MTLS_CERT_HEADER``, URL-encoded PEM as nginx's ``$ssl_client_escaped_cert``) or
+its SHA-256 fingerprint (``MTLS_FINGERPRINT_HEADER``). Anyone can send those headers, so they
+are read **only when the TCP peer is in ``TRUSTED_PROXY_CIDRS``**; from any other address they
+are ignored as if absent. The proxy must also overwrite (not append to) these headers on every
+request, or a client could pass its own value through it.
+
+A binding pins the exact certificate (fingerprint of its DER), so it holds even when the proxy
+accepts certificates from any CA (nginx ``ssl_verify_client optional_no_ca``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from urllib.parse import unquote
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from tenants.models import ClientCertificate
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def synthetic_key_id(binding_id: int) -> int:
+    """Odd negatives for certificates (OIDC registrations take even ones)."""
+    return -(2 * binding_id + 1)
+
+
+def normalize_fingerprint(value: str | None) -> str | None:
+    """``AB:CD:...`` / ``abcd...`` / ``sha256:...`` -> 64 lowercase hex digits, or None."""
+    if not value:
+        return None
+    cleaned = value.strip().lower().removeprefix("sha256:").replace(":", "").replace(" ", "")
+    return cleaned if _HEX64.match(cleaned) else None
+
+
+def fingerprint_of_pem(pem: str) -> str | None:
+    """SHA-256 of the certificate's DER, from a (possibly URL-encoded) PEM header value."""
+    text = unquote(pem) if "%" in pem else pem
+    try:
+        cert = x509.load_pem_x509_certificate(text.encode())
+    except ValueError:
+        return None
+    return hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _trusted(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+
+
+def is_trusted_proxy(client_ip: str | None) -> bool:
+    if not client_ip:
+        return False
+    try:
+        address = ipaddress.ip_address(client_ip.strip())
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return any(address in net for net in _trusted(tuple(settings.TRUSTED_PROXY_CIDRS)))
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    wanted = name.lower()
+    values = [v for k, v in headers.items() if k.lower() == wanted]
+    return values[0] if len(values) == 1 else None
+
+
+def client_fingerprint(headers: Mapping[str, str], client_ip: str | None) -> str | None:
+    """The forwarded certificate's fingerprint, or None (no header, or not from a proxy)."""
+    if not is_trusted_proxy(client_ip):
+        return None
+    pem = _header(headers, settings.MTLS_CERT_HEADER)
+    if pem:
+        return fingerprint_of_pem(pem)
+    return normalize_fingerprint(_header(headers, settings.MTLS_FINGERPRINT_HEADER))
+
+
+def binding_for(fingerprint: str) -> ClientCertificate | None:
+    now = timezone.now()
+    return (ClientCertificate.objects.select_related("tenant__tier")
+            .filter(fingerprint_sha256=fingerprint, revoked_at__isnull=True)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now)).first())
+
+
+def bindings_for_tenant(tenant: object) -> list[ClientCertificate]:
+    """The portal's view of one tenant's certificate bindings."""
+    return list(ClientCertificate.objects.filter(tenant_id=getattr(tenant, "pk", tenant)))

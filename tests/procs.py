@@ -1,0 +1,175 @@
+"""Real subprocesses for integration tests: a uvicorn gateway, Celery pool workers.
+
+Each process gets the test's database (the ``test_*`` one pytest-django created) and Redis in
+its environment, writes its log to a file, and is killed at the end whatever happened. Use::
+
+    with start_worker("pool-a", worker_id="w1") as worker:
+        wait_for_worker(redis_client, "pool-a", "w1")
+        ...
+        worker.kill()           # SIGKILL, as a crashed machine
+    print(worker.logs())        # on failure
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus the database and Redis the test is really using."""
+    from django.conf import settings
+    from django.db import connection
+
+    from gateway.redis_conn import redis_url
+
+    db = connection.settings_dict
+    env = dict(os.environ)
+    if db["ENGINE"].endswith("postgresql"):
+        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+        env["DATABASE_URL"] = (
+            f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
+    env["REDIS_URL"] = redis_url()
+    env["REDIS_KEY_PREFIX"] = settings.REDIS_KEY_PREFIX
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class Proc:
+    """A started child process with its log file."""
+
+    def __init__(self, name: str, args: list[str], env: Mapping[str, str]) -> None:
+        self.name = name
+        self.log_path = Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            args, cwd=ROOT, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: signals reach only it
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def logs(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.killpg(self.popen.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (a crash: no drain, no cleanup)."""
+        self.signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def terminate(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM (warm shutdown), then SIGKILL after ``timeout``; returns the exit code."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.terminate(10)
+        self._log.close()
+
+    def __enter__(self) -> Proc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_until(check: Callable[[], object], timeout: float, what: str,
+               proc: Proc | None = None, interval: float = 0.05) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if proc is not None and not proc.alive():
+            raise AssertionError(f"{proc.name} exited ({proc.popen.returncode}) before {what}:\n"
+                                 f"{proc.logs()[-4000:]}")
+        time.sleep(interval)
+    tail = f":\n{proc.logs()[-4000:]}" if proc is not None else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{tail}")
+
+
+def start_worker(pool: str, *, worker_id: str, env: Mapping[str, str] | None = None) -> Proc:
+    """A Celery pool worker hosting ``pool``'s engine (``--engine-pool``)."""
+    args = [
+        sys.executable, "-m", "celery", "-A", "gateway", "worker", "--engine-pool", pool,
+        "--engine-worker-id", worker_id, "-P", "solo", "-c", "1", "-l", "info",
+        "-n", f"{worker_id}@%h", "--without-mingle", "--without-gossip", "--without-heartbeat",
+    ]
+    return Proc(f"worker-{worker_id}", args, child_env(env))
+
+
+def wait_for_worker(client: object, pool: str, worker_id: str, proc: Proc | None = None,
+                    timeout: float = 60.0) -> None:
+    from gateway.redis_conn import key
+
+    wait_until(lambda: client.zscore(key("workers", pool), worker_id) is not None,  # type: ignore[attr-defined]
+               timeout, f"worker {worker_id} to register", proc)
+
+
+def start_uvicorn(
+    *, port: int | None = None, env: Mapping[str, str] | None = None
+) -> tuple[Proc, str]:
+    """The ASGI gateway on a free port; returns (process, base URL)."""
+    port = port or free_port()
+    args = [sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "warning"]
+    return Proc(f"uvicorn-{port}", args, child_env(env)), f"http://127.0.0.1:{port}"
+
+
+def wait_for_http(url: str, proc: Proc | None = None, timeout: float = 60.0) -> None:
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                return resp.status < 500
+        except OSError:
+            return False
+
+    wait_until(answers, timeout, f"{url} to answer", proc, interval=0.1)
+
+
+def arun(coro: Any) -> Any:
+    """``asyncio.run`` with fresh per-loop Redis clients.
+
+    ``gateway.redis_conn`` caches asyncio clients by ``id(loop)``; a new loop can reuse a closed
+    loop's id and would be handed connections bound to the dead loop.
+    """
+    import asyncio
+
+    from gateway import redis_conn
+
+    redis_conn._async_clients.clear()
+    return asyncio.run(coro)

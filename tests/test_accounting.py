@@ -1,0 +1,385 @@
+"""Admit and settle on real Redis: the invariants of gateway/lua/admit.lua and settle.lua.
+
+A1 bucket levels stay within [0, burst]; A2 a rejected admission charges nothing; A3 counters
+never exceed their limits; S1 settlement happens once; S2 one usage record per settled request;
+S3 counters return to zero. The tests race threads and processes against the scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from gateway import accounting as acc
+from gateway.accounting import AdmissionLimits, Admitted, Reason, Rejected, ScopeLimits
+from gateway.redis_conn import key, redis_url
+
+T0 = 1_000_000.0  # virtual time: no refill happens unless a test moves it
+
+
+def limits(**tenant: int) -> AdmissionLimits:
+    base = dict(input_tpm=6000, output_tpm=600, concurrent_requests=10, open_streams=5)
+    base.update(tenant)
+    return AdmissionLimits(tenant=ScopeLimits(**base), total_deadline_s=60)
+
+
+def admit(rid: str, lim: AdmissionLimits, *, prompt: int = 100, out: int = 50,
+          stream: bool = True, tenant: int = 1, key_id: int = 11, now: float = T0,
+          client: redis.Redis | None = None) -> Admitted | Rejected:
+    return acc.admit(request_id=rid, tenant_id=tenant, key_id=key_id, pool="p", model="m",
+                     prompt_tokens=prompt, max_output_tokens=out, stream=stream, limits=lim,
+                     now=now, client=client)
+
+
+def level(r: redis.Redis, scope: str, ident: int, kind: str) -> float:
+    value = r.hget(key("bucket", scope, ident, kind), "level")
+    return float(value) if value is not None else math.nan
+
+
+def counter(r: redis.Redis, name: str, scope: str, ident: int) -> int:
+    return int(r.get(key(name, scope, ident)) or 0)
+
+
+def snapshot(r: redis.Redis) -> dict[bytes, object]:
+    out: dict[bytes, object] = {}
+    for k in sorted(r.keys("*")):
+        kind = r.type(k)
+        out[k] = r.hgetall(k) if kind == b"hash" else r.zrange(k, 0, -1, withscores=True) \
+            if kind == b"zset" else r.get(k) if kind == b"string" else kind
+    return out
+
+
+def test_admit_charges_every_bucket_and_counter(redis_client):
+    lim = AdmissionLimits(
+        tenant=ScopeLimits(input_tpm=6000, output_tpm=600, concurrent_requests=4, open_streams=2),
+        key=ScopeLimits(input_tpm=3000, output_tpm=300, concurrent_requests=2, open_streams=1),
+        total_deadline_s=60,
+    )
+    result = admit("r1", lim, prompt=100, out=50)
+    assert isinstance(result, Admitted)
+    assert level(redis_client, "tenant", 1, "in") == 5900
+    assert level(redis_client, "tenant", 1, "out") == 550
+    assert level(redis_client, "key", 11, "in") == 2900
+    assert level(redis_client, "key", 11, "out") == 250
+    for name in ("conc", "streams"):
+        assert counter(redis_client, name, "tenant", 1) == 1
+        assert counter(redis_client, name, "key", 11) == 1
+    state = redis_client.hgetall(acc.req_key("r1"))
+    assert state[b"state"] == b"queued" and state[b"p"] == b"100" and state[b"o"] == b"50"
+    assert state[b"tenant"] == b"1" and state[b"key"] == b"11" and state[b"pool"] == b"p"
+    assert redis_client.zscore(acc.deadlines_key(), "r1") == pytest.approx(
+        T0 + 60 + acc.DEADLINE_GRACE_S)
+    # Headers: the key's concurrency (2) is tightest; the key's output bucket is emptiest.
+    info = result.rate_limit
+    assert (info.limit_requests, info.remaining_requests) == (2, 1)
+    assert (info.limit_tokens, info.remaining_tokens) == (300, 250)
+    assert info.reset_tokens_s == pytest.approx(10.0)
+    assert info.headers()["x-ratelimit-remaining-tokens"] == "250"
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "reason"),
+    [
+        (dict(prompt=5000, out=10), dict(prompt=1500, out=10), Reason.INPUT_TOKENS),
+        (dict(prompt=10, out=580), dict(prompt=10, out=30), Reason.OUTPUT_TOKENS),
+    ],
+)
+def test_rejection_charges_nothing_and_says_when(redis_client, first, second, reason):
+    lim = limits()
+    assert isinstance(admit("a", lim, **first), Admitted)
+    before = snapshot(redis_client)
+    result = admit("b", lim, **second)
+    assert isinstance(result, Rejected) and result.reason == reason
+    assert snapshot(redis_client) == before  # A2: nothing written, not even req:b
+    # Retry-After: seconds until the lacking bucket refills enough, rounded up.
+    rate = 6000 if reason == Reason.INPUT_TOKENS else 600
+    have = 1000 if reason == Reason.INPUT_TOKENS else 20
+    need = second["prompt"] if reason == Reason.INPUT_TOKENS else second["out"]
+    assert result.retry_after == math.ceil((need - have) * 60 / rate)
+    # ...and it is honest: one second earlier still fails, at that time it fits.
+    assert isinstance(admit("b", lim, now=T0 + result.retry_after - 1, **second), Rejected)
+    assert isinstance(admit("b", lim, now=T0 + result.retry_after, **second), Admitted)
+
+
+def test_concurrency_and_stream_limits(redis_client):
+    lim = limits(concurrent_requests=2, open_streams=1)
+    assert isinstance(admit("s1", lim, stream=True), Admitted)
+    refused = admit("s2", lim, stream=True)
+    assert isinstance(refused, Rejected) and refused.reason == Reason.OPEN_STREAMS
+    assert isinstance(admit("n1", lim, stream=False), Admitted)
+    refused = admit("n2", lim, stream=False)
+    assert isinstance(refused, Rejected) and refused.reason == Reason.CONCURRENCY
+    assert refused.retry_after >= 1 and refused.headers()["retry-after"] == "1"
+    assert acc.settle("s1", status="ok", output_tokens=1, now=T0)
+    assert isinstance(admit("s3", lim, stream=True), Admitted)
+
+
+def test_too_large_is_distinct_and_never_fits(redis_client):
+    lim = limits(output_tpm=600, output_burst=700)
+    result = admit("big", lim, out=701, now=T0 + 10_000)  # a full bucket does not help
+    assert isinstance(result, Rejected) and result.too_large
+    assert result.scope == "tenant:output_tokens" and result.retry_after == 0
+    assert "retry-after" not in result.headers()
+    assert redis_client.keys("*") == []
+    assert isinstance(admit("fits", lim, out=700), Admitted)  # the burst, not the rate, bounds
+
+
+def test_duplicate_request_id_is_refused_and_charges_nothing(redis_client):
+    lim = limits()
+    assert isinstance(admit("same", lim), Admitted)
+    before = snapshot(redis_client)
+    result = admit("same", lim)
+    assert isinstance(result, Rejected) and result.reason == Reason.DUPLICATE
+    assert snapshot(redis_client) == before
+
+
+def test_buckets_refill_continuously_up_to_burst(redis_client):
+    lim = limits(input_tpm=600, input_burst=1000)
+    assert isinstance(admit("a", lim, prompt=1000, out=1), Admitted)
+    assert level(redis_client, "tenant", 1, "in") == 0
+    # 10 tokens a second: 30 s later there is room for 300 but not for 301.
+    assert isinstance(admit("b", lim, prompt=301, out=1, now=T0 + 30), Rejected)
+    assert isinstance(admit("b", lim, prompt=300, out=1, now=T0 + 30), Admitted)
+    # An hour later the bucket holds its burst, not an hour of tokens.
+    assert isinstance(admit("c", lim, prompt=1, out=1, now=T0 + 3600), Admitted)
+    assert level(redis_client, "tenant", 1, "in") == 999
+
+
+def test_settle_refunds_unused_output_and_corrects_input(redis_client):
+    lim = limits()
+    admit("r", lim, prompt=100, out=50)
+    assert acc.settle("r", status="ok", finish_reason="stop", prompt_tokens=120,
+                      cached_tokens=64, output_tokens=20, now=T0, wfq_correction=False)
+    # The engine's counts win: 20 more input tokens charged, 30 output tokens refunded.
+    assert level(redis_client, "tenant", 1, "in") == 6000 - 120
+    assert level(redis_client, "tenant", 1, "out") == 600 - 20
+    for name in ("conc", "streams"):
+        assert counter(redis_client, name, "tenant", 1) == 0
+        assert counter(redis_client, name, "key", 11) == 0
+    assert redis_client.zcard(acc.deadlines_key()) == 0
+    [raw] = redis_client.lrange(acc.usage_pending_key(), 0, -1)
+    record = json.loads(raw)
+    assert record["prompt_tokens"] == 120 and record["cached_tokens"] == 64
+    assert record["completion_tokens"] == 20 and record["status"] == "ok"
+    assert record["tenant_id"] == 1 and record["key_id"] == 11 and record["model"] == "m"
+
+
+def test_refund_is_capped_at_burst(redis_client):
+    lim = limits(output_tpm=600)
+    admit("r", lim, out=500)
+    # 10 minutes later the bucket has refilled to its burst; the refund cannot push it over.
+    assert acc.settle("r", status="ok", output_tokens=0, now=T0 + 600, wfq_correction=False)
+    assert level(redis_client, "tenant", 1, "out") == 600
+
+
+def test_usage_record_carries_counts_never_content(redis_client):
+    admit("r", limits())
+    acc.settle("r", status="ok", finish_reason="length", output_tokens=50, now=T0 + 2,
+               event={"f": "length", "u": "{}"}, wfq_correction=False)
+    record = json.loads(redis_client.lpop(acc.usage_pending_key()))
+    assert set(record) == {
+        "request_id", "tenant_id", "key_id", "model", "pool", "prompt_tokens", "cached_tokens",
+        "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms", "status", "finish_reason",
+        "error_code", "stream", "admitted_at_ms", "dispatched_at_ms", "first_token_at_ms",
+        "settled_at_ms",
+    }
+    assert record["total_ms"] == 2000
+    assert [e[1] for e in redis_client.xrange(acc.stream_key("r"))] == [{b"f": b"length",
+                                                                          b"u": b"{}"}]
+
+
+def test_settle_twice_settles_once(redis_client):
+    admit("r", limits())
+    assert acc.settle("r", status="ok", output_tokens=10, now=T0, wfq_correction=False)
+    before = snapshot(redis_client)
+    assert not acc.settle("r", status="error", output_tokens=0, now=T0, event={"e": "x"},
+                          wfq_correction=False)
+    assert snapshot(redis_client) == before
+    assert not acc.settle("unknown", status="ok", now=T0)
+
+
+def test_concurrent_settles_settle_once(redis_client):
+    for i in range(20):
+        assert isinstance(admit(f"r{i}", limits(concurrent_requests=100), out=10, stream=False),
+                          Admitted)
+    barrier = threading.Barrier(8)
+
+    def settle_all(worker: int) -> int:
+        client = redis.Redis.from_url(redis_url())
+        barrier.wait()
+        return sum(acc.settle(f"r{i}", status="ok", output_tokens=worker % 5, client=client,
+                              wfq_correction=False) for i in range(20))
+
+    with ThreadPoolExecutor(8) as pool:
+        wins = sum(pool.map(settle_all, range(8)))
+    assert wins == 20
+    assert redis_client.llen(acc.usage_pending_key()) == 20
+    assert counter(redis_client, "conc", "tenant", 1) == 0
+
+
+def _admit_many(url: str, worker: int, n: int, out: list[int] | None = None) -> int:
+    client = redis.Redis.from_url(url)
+    lim = limits(output_tpm=600, concurrent_requests=1000, open_streams=1000)
+    won = 0
+    for i in range(n):
+        result = admit(f"w{worker}-{i}", lim, prompt=1, out=7, client=client)
+        won += isinstance(result, Admitted)
+    if out is not None:
+        out.append(won)
+    return won
+
+
+def _admit_process(url: str, worker: int, n: int, results: mp.Queue) -> None:
+    results.put(_admit_many(url, worker, n))
+
+
+def test_concurrent_admits_never_over_admit(redis_client):
+    """Threads and processes race for 600 output tokens at 7 a request: exactly 85 fit."""
+    url = redis_url()
+    ctx = mp.get_context("spawn")
+    results: mp.Queue = ctx.Queue()
+    procs = [ctx.Process(target=_admit_process, args=(url, 100 + p, 40, results))
+             for p in range(2)]
+    for proc in procs:
+        proc.start()
+    with ThreadPoolExecutor(8) as pool:
+        thread_wins = sum(pool.map(lambda w: _admit_many(url, w, 40), range(8)))
+    process_wins = sum(results.get(timeout=60) for _ in procs)
+    for proc in procs:
+        proc.join(30)
+    assert thread_wins + process_wins == 600 // 7  # no refill at a fixed virtual time
+    assert level(redis_client, "tenant", 1, "out") == 600 - 7 * (600 // 7)
+    assert counter(redis_client, "conc", "tenant", 1) == 600 // 7
+
+
+def test_counters_return_to_zero_after_a_random_mix(redis_client):
+    """Random admits, settles (some twice), across tenants and keys, with time moving."""
+    rng = random.Random(7)
+    lim = AdmissionLimits(
+        tenant=ScopeLimits(input_tpm=20_000, output_tpm=5_000, concurrent_requests=6,
+                           open_streams=3),
+        key=ScopeLimits(input_tpm=8_000, output_tpm=2_000, output_burst=3_000,
+                        concurrent_requests=4, open_streams=2),
+    )
+    live: list[str] = []
+    admitted = 0
+    now = T0
+    for i in range(400):
+        now += rng.random() * 0.5
+        if live and rng.random() < 0.45:
+            rid = live.pop(rng.randrange(len(live)))
+            for _ in range(rng.choice([1, 1, 2])):
+                acc.settle(rid, status="ok", prompt_tokens=rng.randint(1, 900),
+                           output_tokens=rng.randint(0, 600), now=now, wfq_correction=False)
+            continue
+        result = admit(f"m{i}", lim, prompt=rng.randint(1, 900), out=rng.randint(1, 600),
+                       stream=rng.random() < 0.5, tenant=rng.randint(1, 3),
+                       key_id=rng.randint(1, 4), now=now)
+        if isinstance(result, Admitted):
+            live.append(f"m{i}")
+            admitted += 1
+        for k in redis_client.keys(key("bucket", "*")):  # A1 after every step
+            kind = k.decode().rsplit(":", 3)[1]
+            burst = {"tenant": {b"in": 20_000, b"out": 5_000},
+                     "key": {b"in": 8_000, b"out": 3_000}}[kind][k[-3:].lstrip(b":")]
+            assert 0 <= float(redis_client.hget(k, "level")) <= burst
+        for k in redis_client.keys(key("conc", "*")) + redis_client.keys(key("streams", "*")):
+            assert int(redis_client.get(k)) >= 0
+    for rid in live:
+        acc.settle(rid, status="cancelled", output_tokens=0, now=now, wfq_correction=False)
+    for k in redis_client.keys(key("conc", "*")) + redis_client.keys(key("streams", "*")):
+        assert int(redis_client.get(k)) == 0, k
+    assert redis_client.llen(acc.usage_pending_key()) == admitted  # S2
+    assert redis_client.zcard(acc.deadlines_key()) == 0
+    assert admitted > 50
+
+
+# -- the facade: submit / cancel / deadlines, no worker needed ---------------------------------
+
+
+def _submit(rid: str, lim: AdmissionLimits, *, max_tokens: int = 20, tenant: int = 1):
+    from gateway.submission import submit
+    from workers.engine.base import SamplingParams
+
+    return submit(tenant_id=tenant, key_id=tenant, weight=1.0, model="m", pool="fp",
+                  prompt_token_ids=[5, 6, 7, 8], sampling=SamplingParams(max_tokens=max_tokens),
+                  limits=lim, stream=True, request_id=rid)
+
+
+def test_submit_rejection_is_openai_shaped_and_charges_nothing(redis_client):
+    from gateway.submission import Rejection
+    from tests.procs import arun
+
+    lim = limits(output_tpm=600, output_burst=100)
+    too_big = arun(_submit("big", lim, max_tokens=101))
+    assert isinstance(too_big, Rejection) and too_big.too_large
+    assert "101 output tokens" in too_big.message and "at most 100" in too_big.message
+    assert redis_client.keys("*") == []
+    assert not isinstance(arun(_submit("a", lim, max_tokens=90)), Rejection)
+    limited = arun(_submit("b", lim, max_tokens=20))
+    assert isinstance(limited, Rejection) and limited.reason == Reason.OUTPUT_TOKENS
+    assert limited.headers()["retry-after"] == str(limited.retry_after)
+    assert "try again in" in limited.message
+
+
+def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
+    from gateway.submission import FinishEvent, Submission
+    from tests.procs import arun
+    from workers import wfq
+
+    async def main():
+        sub = await _submit("q", limits())
+        assert isinstance(sub, Submission)
+        assert [e.request_id for e in wfq.queued_requests("fp")] == ["q"]
+        assert redis_client.hget(acc.req_key("q"), "prompt_ids")  # payload in transit
+        await sub.cancel("client_disconnect")
+        await sub.cancel("client_disconnect")  # idempotent
+        return [e async for e in sub.events()]
+
+    events = arun(main())
+    assert len(events) == 1 and isinstance(events[0], FinishEvent)
+    assert events[0].finish_reason == "abort"
+    assert wfq.queued_requests("fp") == []
+    [record] = map(json.loads, redis_client.lrange(acc.usage_pending_key(), 0, -1))
+    assert record["status"] == "cancelled" and record["prompt_tokens"] == 0
+    assert record["error_code"] == "client_disconnect"
+    assert not redis_client.hexists(acc.req_key("q"), "prompt_ids")
+    assert level(redis_client, "tenant", 1, "out") == 600  # the whole charge came back
+    assert counter(redis_client, "conc", "tenant", 1) == 0
+
+
+def test_ttft_deadline_yields_an_error_and_cancels(redis_client):
+    import time
+
+    from gateway.submission import ErrorEvent
+    from tests.procs import arun
+
+    lim = AdmissionLimits(tenant=limits().tenant, ttft_deadline_s=0.3, total_deadline_s=5)
+
+    async def main():
+        sub = await _submit("slow", lim)
+        start = time.monotonic()
+        events = [e async for e in sub.events()]
+        return events, time.monotonic() - start
+
+    events, took = arun(main())
+    assert [type(e) for e in events] == [ErrorEvent] and 0.25 < took < 2
+    assert events[0].code == "ttft_deadline_exceeded" and events[0].retryable
+    assert redis_client.hget(acc.req_key("slow"), "state") == b"settled"
+
+
+def test_attach_finds_only_the_tenants_own_request(redis_client):
+    from gateway.submission import attach
+    from tests.procs import arun
+
+    arun(_submit("mine", limits(), tenant=1))
+    assert arun(attach("mine", 1)) is not None
+    assert arun(attach("mine", 2)) is None  # another tenant's id reads as unknown
+    assert arun(attach("nope", 1)) is None

@@ -1,0 +1,386 @@
+"""One contract, every backend this machine can run.
+
+Each test runs against every available backend, built the way a worker builds it
+(``workers.engine.registry.build_engine``):
+
+- ``simulated``: always;
+- ``upstream-vllm-wire``: the upstream backend in its ``vllm`` dialect, against a server
+  subprocess speaking vLLM's wire format (``tests/upstream_server.py``: token-id prompts,
+  ``cache_salt``, ``return_token_ids``, the final usage chunk with ``cached_tokens``);
+- ``upstream-llama-cpp``: the upstream backend in its ``llama_cpp`` dialect, against a real
+  llama.cpp server (llama-cpp-python) running a tiny random-weight Llama whose vocabulary is the
+  gateway's tokenizer (``tests/llama_model.py``). Skipped, saying why, without the ``llama``
+  extra.
+
+vLLM itself cannot run on these machines (no GPU, and its wheel is a CUDA build); its request
+building, salt, adapter and priority handling are tested in ``test_vllm_backend.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from workers.engine.base import (
+    Engine,
+    EngineError,
+    EngineRequest,
+    FinishReason,
+    SamplingParams,
+    TokenDelta,
+)
+from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
+from workers.tokenization import load_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+SALT_A, SALT_B = "a" * 64, "b" * 64
+PROSE = (
+    "Quotas bound how much a tenant takes; fair queueing bounds who waits. The gateway meters "
+    "tokens at admission, schedules work so each tenant gets its weighted share, and pushes "
+    "queueing delay onto the tenant that caused it. "
+)
+
+
+@dataclass
+class Backend:
+    name: str
+    make: Callable[[], Engine]
+    exact_ids: bool  # deltas carry the engine's own token ids (not re-encoded text)
+    reports_cached: bool  # usage carries cached prompt tokens, under the request's salt
+    adapters: bool  # serves LoRA adapters by name
+    upstream_load: Callable[[], dict[str, Any]] | None = None  # the upstream engine's own load
+    reference: Callable[[list[int], int], dict[str, int]] | None = None  # upstream's own usage
+    server_log: Path | None = None
+    # max_tokens of a request meant to still be running when it is aborted. llama-cpp-python's
+    # streaming slows down with the length of the output (it re-detokenizes the whole output
+    # every token), so it gets a short one; the abort still lands a hundred tokens early.
+    long_tokens: int = 1500
+
+
+class Server:
+    def __init__(self, args: list[str], url: str, probe: str, log: Path) -> None:
+        self.url, self.log = url, log
+        self._out = log.open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its log is read while it runs
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
+                                     env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{args[2]} exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + probe, timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"{args[2]} did not start: {log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+
+
+@pytest.fixture(scope="module")
+def wire_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("wire") / "server.log"
+    server = Server([sys.executable, "-m", "tests.upstream_server", "--port", str(port),
+                     "--lora-module", "t7-support"],
+                    f"http://127.0.0.1:{port}", "/health", log)
+    yield server
+    server.stop()
+
+
+LLAMA_MISSING = next((m for m in ("llama_cpp", "gguf", "numpy")
+                      if importlib.util.find_spec(m) is None), None)
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if LLAMA_MISSING:
+        pytest.skip(f"{LLAMA_MISSING} is not installed: pip install -e '.[llama]' to run "
+                    "llama.cpp's server as a real upstream engine")
+    from tests.llama_model import write_tiny_llama
+
+    tmp = tmp_path_factory.mktemp("llama")
+    model = write_tiny_llama(tmp / "tiny.gguf")
+    port = free_port()
+    # One request at a time with no interrupting (the server's default cancels a running
+    # stream when another request arrives); one thread, the machine is shared.
+    server = Server([sys.executable, "-m", "llama_cpp.server", "--model", str(model),
+                     "--model_alias", "tiny", "--port", str(port), "--n_ctx", "2048",
+                     "--n_threads", "1", "--interrupt_requests", "false"],
+                    f"http://127.0.0.1:{port}", "/v1/models", tmp / "server.log")
+    yield server
+    server.stop()
+
+
+def _simulated() -> Backend:
+    spec = EngineSpec("conf-sim", "simulated", {"decode_tokens_per_s": 2000.0,
+                                                "pool_tokens_per_s": None},
+                      max_sequences=8, kv_cache_tokens=32_768, max_model_len=4096)
+    return Backend("simulated", lambda: build_engine(spec), exact_ids=True,
+                   reports_cached=True, adapters=False)
+
+
+def _wire(server: Server) -> Backend:
+    settings = {"base_url": server.url, "model": "sim", "dialect": "vllm",
+                "idle_timeout_s": 10.0, "first_byte_timeout_s": 10.0,
+                "lora": {"adapters": [{"name": "support", "tenant_id": 7,
+                                       "path": "/loras/7/support"}]}}
+    spec = EngineSpec("conf-wire", "openai_upstream", settings, max_sequences=8,
+                      max_model_len=4096)
+
+    def load() -> dict[str, Any]:
+        return httpx.get(server.url + "/debug/load", timeout=5).json()
+
+    return Backend("upstream-vllm-wire", lambda: build_engine(spec), exact_ids=True,
+                   reports_cached=True, adapters=True, upstream_load=load)
+
+
+def _llama(server: Server) -> Backend:
+    settings = {"base_url": server.url, "model": "tiny", "dialect": "llama_cpp",
+                "idle_timeout_s": 10.0, "first_byte_timeout_s": 30.0}
+    spec = EngineSpec("conf-llama", "openai_upstream", settings, max_sequences=1,
+                      max_model_len=2048, dedicated=True)
+    tok = load_tokenizer()
+
+    def reference(prompt_ids: list[int], max_tokens: int) -> dict[str, int]:
+        body = {"model": "tiny", "prompt": tok.decode(prompt_ids, skip_special_tokens=False),
+                "max_tokens": max_tokens, "temperature": 0}
+        return httpx.post(server.url + "/v1/completions", json=body, timeout=30).json()["usage"]
+
+    return Backend("upstream-llama-cpp", lambda: build_engine(spec), exact_ids=False,
+                   reports_cached=False, adapters=False, reference=reference,
+                   server_log=server.log, long_tokens=120)
+
+
+@pytest.fixture(params=["simulated", "upstream-vllm-wire", "upstream-llama-cpp"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    if request.param == "simulated":
+        return _simulated()
+    if request.param == "upstream-vllm-wire":
+        return _wire(request.getfixturevalue("wire_server"))
+    return _llama(request.getfixturevalue("llama_server"))
+
+
+def run(backend: Backend, scenario: Callable[[Engine], Any]) -> Any:
+    async def main() -> Any:
+        engine = backend.make()
+        await engine.start()
+        try:
+            return await asyncio.wait_for(scenario(engine), 60)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+def prompt_ids(text: str = PROSE) -> list[int]:
+    return load_tokenizer().encode(text)
+
+
+def request(rid: str, ids: list[int], max_tokens: int, salt: str = SALT_A,
+            adapter: str | None = None, **sampling: Any) -> EngineRequest:
+    sp = SamplingParams(max_tokens=max_tokens, temperature=sampling.pop("temperature", 0.0),
+                        **sampling)
+    return EngineRequest(rid, ids, sp, cache_salt=salt, adapter=adapter)
+
+
+async def collect(engine: Engine, req: EngineRequest) -> list[TokenDelta]:
+    return [d async for d in engine.generate(req)]
+
+
+async def wait_until(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        await asyncio.sleep(0.02)
+    return check()
+
+
+def test_streams_tokens_then_one_finish_with_usage(backend: Backend) -> None:
+    ids = prompt_ids()
+
+    async def scenario(engine: Engine) -> list[TokenDelta]:
+        return await collect(engine, request("r1", ids, 12))
+
+    deltas = run(backend, scenario)
+    *body, last = deltas
+    assert len(body) >= 1, "tokens must stream before the end"
+    assert all(d.finish_reason is None and d.usage is None for d in body)
+    assert last.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert last.usage is not None
+    streamed = [t for d in deltas for t in d.token_ids]
+    assert 1 <= len(streamed) <= 12
+    text = "".join(d.text for d in deltas)
+    assert text == load_tokenizer().decode(streamed)  # ids and text describe the same output
+    if last.finish_reason == FinishReason.LENGTH:
+        assert last.usage.output_tokens == 12
+
+
+def test_usage_counts_equal_the_tokenizers(backend: Backend) -> None:
+    ids = prompt_ids(PROSE * 2)
+
+    async def scenario(engine: Engine) -> list[TokenDelta]:
+        return await collect(engine, request("r-usage", ids, 10))
+
+    deltas = run(backend, scenario)
+    usage = deltas[-1].usage
+    assert usage is not None
+    assert usage.prompt_tokens == len(ids)  # the gateway's count is the engine's
+    if backend.exact_ids:
+        assert usage.output_tokens == sum(len(d.token_ids) for d in deltas)
+    if backend.reference is not None:
+        # The upstream's own count for the same greedy request, asked without streaming.
+        ref = backend.reference(ids, 10)
+        assert (usage.prompt_tokens, usage.output_tokens) == (
+            ref["prompt_tokens"], ref["completion_tokens"])
+
+
+def test_abort_frees_the_sequence(backend: Backend) -> None:
+    ids = prompt_ids()
+
+    async def scenario(engine: Engine) -> tuple[list[TokenDelta], Any]:
+        req = request("r-abort", ids, backend.long_tokens, ignore_eos=True, temperature=0.8,
+                      seed=1)
+        got: list[TokenDelta] = []
+        async for d in engine.generate(req):
+            got.append(d)
+            if len(got) == 3:
+                await engine.abort("r-abort")
+                await engine.abort("r-abort")  # idempotent
+        load = engine.load()
+        return got, load
+
+    got, load = run(backend, scenario)
+    last = got[-1]
+    assert last.finish_reason == FinishReason.ABORT
+    assert last.usage is not None and 3 <= last.usage.output_tokens < backend.long_tokens
+    assert load.running == 0 and load.waiting == 0
+    if backend.upstream_load is not None:
+        # The upstream engine itself let go of the sequence: closing the connection aborted it.
+        assert _eventually(lambda: backend.upstream_load()["running"] == 0)
+        assert backend.upstream_load()["kv_tokens_used"] == 0
+    if backend.server_log is not None:
+        assert _eventually(lambda: "Disconnected from client" in backend.server_log.read_text())
+
+
+def test_closing_the_stream_aborts(backend: Backend) -> None:
+    ids = prompt_ids()
+
+    async def scenario(engine: Engine) -> Any:
+        stream = engine.generate(request("r-close", ids, backend.long_tokens, ignore_eos=True,
+                                         temperature=0.8, seed=1))
+        async for _ in stream:
+            break  # the consumer goes away, as a disconnected client's handler does
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert await wait_until(lambda: engine.load().running == 0)
+        # The id is free again: nothing of the closed request is left in the engine.
+        return await collect(engine, request("r-close", ids, 2))
+
+    deltas = run(backend, scenario)
+    assert deltas[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    if backend.upstream_load is not None:
+        assert _eventually(lambda: backend.upstream_load()["running"] == 0)
+
+
+def test_prefix_cache_is_scoped_by_tenant_salt(backend: Backend) -> None:
+    if not backend.reports_cached:
+        pytest.skip(f"{backend.name} reports no cached tokens and takes no salt; the registry "
+                    "only lets it serve a pool dedicated to one tenant")
+    ids = prompt_ids(PROSE * 3)  # several full KV blocks
+
+    # Fresh salts: an upstream server outlives one test, and so does its cache.
+    salt_a, salt_b = uuid.uuid4().hex, uuid.uuid4().hex
+
+    async def scenario(engine: Engine) -> list[int]:
+        cached = []
+        for rid, salt in (("a1", salt_a), ("a2", salt_a), ("b1", salt_b)):
+            deltas = await collect(engine, request(rid, ids, 2, salt=salt))
+            cached.append(deltas[-1].usage.cached_prompt_tokens)
+        return cached
+
+    first_a, repeat_a, first_b = run(backend, scenario)
+    assert first_a == 0
+    assert repeat_a > 0  # a repeat within one tenant hits its own cache
+    assert first_b == 0  # the same prefix from another tenant does not (I1)
+
+
+def test_an_oversized_or_invalid_prompt_is_a_final_error(backend: Backend) -> None:
+    vocab = load_tokenizer().vocab_size
+
+    async def scenario(engine: Engine) -> list[EngineError]:
+        errors = []
+        for rid, ids in (("too-long", [10] * 5000), ("bad-id", [10, vocab + 5])):
+            with pytest.raises(EngineError) as info:
+                await collect(engine, request(rid, ids, 4))
+            errors.append(info.value)
+        return errors
+
+    for err in run(backend, scenario):
+        assert err.retryable is False
+
+
+def test_adapters_serve_only_their_owner(backend: Backend, settings: Any) -> None:
+    if not backend.adapters:
+        pytest.skip(f"{backend.name} serves no adapters")
+    from tenants.salts import cache_salt
+
+    settings.CACHE_SALT_SECRET = "conformance-secret"
+    owner, other = cache_salt(7), cache_salt(8)
+    ids = prompt_ids()
+
+    async def scenario(engine: Engine) -> tuple[list[TokenDelta], EngineError]:
+        served = await collect(engine, request("own", ids, 3, salt=owner, adapter="support"))
+        with pytest.raises(EngineError) as info:
+            await collect(engine, request("theirs", ids, 3, salt=other, adapter="support"))
+        return served, info.value
+
+    served, refused = run(backend, scenario)
+    assert served[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert refused.retryable is False
+    assert "does not exist" in str(refused)  # as for any unknown model: nothing leaks
+
+
+def test_registry_refuses_an_unsalted_upstream_for_a_shared_pool() -> None:
+    spec = EngineSpec("shared-llama", "openai_upstream",
+                      {"base_url": "http://127.0.0.1:9", "model": "tiny",
+                       "dialect": "llama_cpp"})
+    with pytest.raises(EngineConfigError, match="I1"):
+        build_engine(spec)
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,176 @@
+"""The accounting invariant, end to end, under a random mix of everything that can happen.
+
+Completions (streamed and not), clients that disconnect mid-stream, requests that hit their
+deadlines, requests refused at admission, and a pool worker killed with SIGKILL while it holds
+requests. Afterwards:
+
+- every concurrency and open-stream counter of every tenant and key is back to 0;
+- each tenant's token buckets are down by exactly what its usage records bill (the buckets
+  refill at one token a minute, so the levels are the ledger);
+- each usage record bills exactly the tokens delivered on its request's stream, and a completed
+  request's usage (what the client was told) equals its record;
+- every request that was admitted has exactly one record, and refused ones have none.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.redis_conn import get_redis, key
+from tenants.models import Pool
+from tests import procs
+from tests.factories import make_key, make_model, make_tenant
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow,
+              pytest.mark.django_db(transaction=True)]
+
+POOL, MODEL = "inv-pool", "sim-inv"
+BURST = 1_000_000
+ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "1.5",
+       "SSE_KEEPALIVE_SECONDS": "0.5"}
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+
+
+def quota(**extra: Any) -> dict[str, Any]:
+    base = {"input_tpm": 1, "input_burst": BURST, "output_tpm": 1, "output_burst": BURST,
+            "concurrent_requests": 6, "open_streams": 6, "max_output_tokens": 2000,
+            "ttft_deadline_s": 8.0, "total_deadline_s": 30.0}
+    return {**base, **extra}
+
+
+def run_one(url: str, plain: str, kind: str, rng: random.Random) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {plain}"}
+    body: dict[str, Any] = {"model": MODEL, "messages": MESSAGES}
+    out: dict[str, Any] = {"kind": kind}
+    if kind == "complete":
+        body["max_tokens"] = rng.randint(1, 60)
+        r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+        out.update(status=r.status_code, rid=r.headers.get("x-request-id"))
+        if r.status_code == 200:
+            out["usage"] = r.json()["usage"]
+        return out
+    body.update(stream=True, stream_options={"include_usage": True})
+    body["max_tokens"] = 1500 if kind in ("disconnect", "deadline") else rng.randint(1, 200)
+    stop_after = rng.randint(1, 20) if kind == "disconnect" else None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers,
+                      timeout=60) as r:
+        out.update(status=r.status_code, rid=r.headers.get("x-request-id"))
+        events = 0
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"usage":{' in line:
+                out["usage"] = json.loads(line[6:])["usage"]
+            if line.startswith("data: {\"error\""):
+                out["error"] = json.loads(line[6:])["error"]["code"]
+            events += line.startswith("id: ")
+            if stop_after is not None and events >= stop_after:
+                break  # hang up mid-stream
+    return out
+
+
+@pytest.fixture
+def setup(redis_client) -> Any:
+    model = make_model(MODEL)
+    Pool.objects.create(name=POOL, model=model, max_sequences=8,
+                        backend_settings={"decode_tokens_per_s": 150.0})
+    plain_t = make_tenant(**quota(concurrent_requests=12, open_streams=12))
+    deadline_t = make_tenant(**quota(ttft_deadline_s=5.0, total_deadline_s=0.8))
+    tight_t = make_tenant(**quota(input_burst=60, concurrent_requests=1, open_streams=1))
+    tenants = [plain_t, deadline_t, tight_t]
+    keys = {t.pk: [make_key(t), make_key(t)] for t in tenants}
+    w1 = procs.start_worker(POOL, worker_id="inv-w1", env=ENV)
+    w2 = procs.start_worker(POOL, worker_id="inv-w2", env=ENV)
+    gw, url = procs.start_uvicorn(env=ENV)
+    try:
+        for wid, proc in (("inv-w1", w1), ("inv-w2", w2)):
+            procs.wait_for_worker(redis_client, POOL, wid, proc)
+        procs.wait_for_http(url + "/healthz", gw)
+        yield {"url": url, "w1": w1, "w2": w2, "gw": gw, "tenants": tenants, "keys": keys}
+    except BaseException:
+        for p in (w1, w2, gw):
+            print(p.name, p.logs()[-3000:])
+        raise
+    finally:
+        for p in (gw, w1, w2):
+            p.stop()
+
+
+def stream_tokens(r: Any, rid: str) -> int:
+    return sum(int(fields.get(b"n", 0)) for _, fields in r.xrange(key("stream", rid)))
+
+
+def test_every_exit_settles_exactly_once(setup) -> None:
+    r = get_redis()
+    rng = random.Random(20261130)
+    plain_t, deadline_t, tight_t = setup["tenants"]
+    plan: list[tuple[int, str]] = []
+    for _ in range(36):
+        roll = rng.random()
+        if roll < 0.45:
+            plan.append((plain_t.pk, rng.choice(["complete", "stream"])))
+        elif roll < 0.65:
+            plan.append((plain_t.pk, "disconnect"))
+        elif roll < 0.8:
+            plan.append((deadline_t.pk, "deadline"))
+        else:
+            plan.append((tight_t.pk, rng.choice(["complete", "stream"])))
+    killer = threading.Timer(1.5, setup["w1"].kill)  # SIGKILL while it holds requests
+    killer.start()
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        futures = [
+            pool.submit(run_one, setup["url"], rng.choice(setup["keys"][tid])[1], kind,
+                        random.Random(i))
+            for i, (tid, kind) in enumerate(plan)
+        ]
+        results = [f.result() for f in futures]
+    killer.join()
+
+    admitted = {x["rid"] for x in results if x["status"] != 429}
+    refused = {x["rid"] for x in results if x["status"] == 429}
+    assert refused, "the tight tenant should have been refused at least once"
+
+    def records() -> dict[str, dict[str, Any]]:
+        raw = [json.loads(x) for x in r.lrange(key("usage", "pending"), 0, -1)]
+        return {x["request_id"]: x for x in raw}
+
+    # Disconnected and orphaned requests settle asynchronously (engine abort, janitor).
+    procs.wait_until(lambda: admitted <= set(records()), 30, "a record for every admitted one")
+    recs = records()
+    assert len(r.lrange(key("usage", "pending"), 0, -1)) == len(recs)  # exactly one each
+    assert not refused & set(recs)
+    statuses = {x["status"] for x in recs.values()}
+    assert {"ok", "cancelled", "error"} <= statuses, statuses
+    reasons = {x["error_code"] for x in recs.values()}
+    assert {"client_disconnect", "deadline_exceeded", "worker_lost"} <= reasons, reasons
+
+    for rid, rec in recs.items():
+        assert rec["completion_tokens"] == stream_tokens(r, rid), rec
+    for x in results:
+        if "usage" in x:
+            rec = recs[x["rid"]]
+            assert x["usage"]["completion_tokens"] == rec["completion_tokens"]
+            assert x["usage"]["prompt_tokens"] == rec["prompt_tokens"]
+
+    for tenant in setup["tenants"]:
+        for api_key, _ in setup["keys"][tenant.pk]:
+            for name in (key("conc", "key", api_key.pk), key("streams", "key", api_key.pk)):
+                assert int(r.get(name) or 0) == 0, name
+        for name in (key("conc", "tenant", tenant.pk), key("streams", "tenant", tenant.pk)):
+            assert int(r.get(name) or 0) == 0, name
+        mine = [x for x in recs.values() if x["tenant_id"] == tenant.pk]
+        for kind, field in (("in", "prompt_tokens"), ("out", "completion_tokens")):
+            level = float(r.hget(key("bucket", "tenant", tenant.pk, kind), "level") or 0)
+            ts = float(r.hget(key("bucket", "tenant", tenant.pk, kind), "ts") or time.time())
+            burst = 60 if (tenant is tight_t and kind == "in") else BURST
+            spent = sum(x[field] for x in mine)
+            refill = max(0.0, time.time() - ts) / 60 + 1  # rate 1/min, plus rounding
+            assert burst - spent - 1 <= level <= burst - spent + refill, (tenant.pk, kind)
+    # The killed worker's requests were ended by the janitor as retryable worker_lost errors.
+    assert not setup["w1"].alive()

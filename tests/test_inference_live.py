@@ -1,0 +1,543 @@
+"""The inference API against the running system: uvicorn, a Celery pool worker with the simulated
+engine, real Redis and PostgreSQL, driven by the official ``openai`` client and raw HTTP.
+
+One worker and one gateway serve the whole module (starting them costs seconds); each test makes
+its own tenant and key, so tests share nothing but the processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.redis_conn import key
+from tenants.models import Pool
+from tests import procs
+from tests.factories import make_key, make_model, make_tenant
+from workers.tokenization import load_tokenizer
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+POOL = "live-pool"
+IDLE_POOL = "idle-pool"  # a pool no worker serves: requests wait until their TTFT deadline
+MODEL = "sim-live"
+IDLE_MODEL = "sim-idle"
+MAX_BYTES = 65_536
+SERVER_ENV = {
+    "SSE_KEEPALIVE_SECONDS": "0.3",
+    "MAX_REQUEST_BYTES": str(MAX_BYTES),
+    "WORKER_HEARTBEAT_SECONDS": "0.2",
+    "WORKER_DEAD_AFTER_SECONDS": "2",
+}
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def ensure_pools() -> None:
+    # Transactional tests empty every table afterwards; the processes keep running, so each
+    # test puts back the rows they serve.
+    model = make_model(MODEL)
+    Pool.objects.get_or_create(name=POOL, defaults={
+        "model": model, "backend_settings": {"decode_tokens_per_s": 250.0},
+        "max_sequences": 16})
+    idle = make_model(IDLE_MODEL)
+    Pool.objects.get_or_create(name=IDLE_POOL, defaults={"model": idle})
+
+
+@pytest.fixture(scope="module")
+def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
+    with django_db_blocker.unblock():
+        ensure_pools()
+        worker = procs.start_worker(POOL, worker_id="live-w1", env=SERVER_ENV)
+        gateway, url = procs.start_uvicorn(env=SERVER_ENV)
+    from gateway.redis_conn import get_redis
+
+    try:
+        procs.wait_for_worker(get_redis(), POOL, "live-w1", worker)
+        procs.wait_for_http(url + "/healthz", gateway)
+        yield {"url": url, "worker": worker, "gateway": gateway}
+    except BaseException:
+        print(worker.logs()[-3000:], gateway.logs()[-3000:])
+        raise
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+@pytest.fixture
+def live(system, redis_client) -> dict[str, Any]:
+    ensure_pools()
+    # The flush removed the worker's registration; wait for its next heartbeat.
+    procs.wait_for_worker(redis_client, POOL, "live-w1", system["worker"], timeout=10)
+    return system
+
+
+def tenant_key(**quota: Any) -> tuple[Any, str]:
+    tenant = make_tenant(**quota)
+    api_key, plain = make_key(tenant)
+    return api_key, plain
+
+
+def client(url: str, plain: str, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=plain, max_retries=0, **kw)
+
+
+def rid_of(response_id: str) -> str:
+    return response_id.split("-", 1)[1]
+
+
+def usage_records(redis_client) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in redis_client.lrange(key("usage", "pending"), 0, -1)]
+
+
+def wait_record(redis_client, rid: str, timeout: float = 10.0) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        return next((r for r in usage_records(redis_client) if r["request_id"] == rid), None)
+
+    return procs.wait_until(find, timeout, f"usage record of {rid}")  # type: ignore[return-value]
+
+
+def counters(redis_client, api_key) -> dict[str, int]:
+    names = {"conc_t": key("conc", "tenant", api_key.tenant_id),
+             "conc_k": key("conc", "key", api_key.pk),
+             "streams_t": key("streams", "tenant", api_key.tenant_id),
+             "streams_k": key("streams", "key", api_key.pk)}
+    return {n: int(redis_client.get(k) or 0) for n, k in names.items()}
+
+
+def bucket_level(redis_client, scope: str, ident: object, kind: str) -> float | None:
+    level = redis_client.hget(key("bucket", scope, ident, kind), "level")
+    return None if level is None else float(level)
+
+
+def prompt_len(messages: list[dict[str, str]]) -> int:
+    return len(load_tokenizer(None).apply_chat_template(messages))
+
+
+# -- the official client, sync and async, streaming and not ----------------------------------
+
+
+def test_sync_chat_completion_counts_match_the_engine(live, redis_client) -> None:
+    api_key, plain = tenant_key()
+    raw = client(live["url"], plain).chat.completions.with_raw_response.create(
+        model=MODEL, messages=HELLO, max_tokens=7)
+    reply = raw.parse()
+    assert raw.headers["x-request-id"] == rid_of(reply.id)
+    assert int(raw.headers["x-ratelimit-limit-requests"]) == 32
+    assert reply.object == "chat.completion" and reply.model == MODEL
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and choice.message.role == "assistant"
+    assert choice.message.content
+    assert reply.usage.completion_tokens == 7
+    assert reply.usage.prompt_tokens == prompt_len(HELLO)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 7
+    assert reply.usage.prompt_tokens_details.cached_tokens == 0
+    record = wait_record(redis_client, rid_of(reply.id))
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (prompt_len(HELLO), 7)
+    assert (record["tenant_id"], record["key_id"], record["status"]) == (
+        api_key.tenant_id, api_key.pk, "ok")
+    # The completion text decodes to exactly the billed number of tokens.
+    assert len(load_tokenizer(None).encode(choice.message.content)) <= 7
+    procs.wait_until(lambda: counters(redis_client, api_key)["conc_t"] == 0, 5, "slot back")
+
+
+def test_sync_stream_with_usage(live, redis_client) -> None:
+    api_key, plain = tenant_key()
+    stream = client(live["url"], plain).chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=12, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and
+                c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (prompt_len(HELLO), 12)
+    assert all(c.usage is None for c in chunks[:-1])
+    assert text
+    record = wait_record(redis_client, rid_of(chunks[0].id))
+    assert record["completion_tokens"] == 12 and record["stream"] is True
+    procs.wait_until(lambda: counters(redis_client, api_key) == dict.fromkeys(
+        ("conc_t", "conc_k", "streams_t", "streams_k"), 0), 5, "counters back")
+
+
+def test_async_client_completions_stream_and_not(live, redis_client) -> None:
+    _, plain = tenant_key()
+
+    async def go() -> tuple[Any, list[Any]]:
+        aclient = openai.AsyncOpenAI(base_url=live["url"] + "/v1", api_key=plain, max_retries=0)
+        whole = await aclient.completions.create(model=MODEL, prompt="Once upon a time",
+                                                 max_tokens=6)
+        stream = await aclient.completions.create(model=MODEL, prompt="Once upon a time",
+                                                  max_tokens=6, stream=True)
+        chunks = [c async for c in stream]
+        await aclient.close()
+        return whole, chunks
+
+    whole, chunks = asyncio.run(go())
+    prompt_tokens = len(load_tokenizer(None).encode("Once upon a time"))
+    assert whole.object == "text_completion" and whole.choices[0].text
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt_tokens, 6)
+    assert whole.choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].text for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_async_chat_stream(live) -> None:
+    _, plain = tenant_key()
+
+    async def go() -> str:
+        aclient = openai.AsyncOpenAI(base_url=live["url"] + "/v1", api_key=plain, max_retries=0)
+        stream = await aclient.chat.completions.create(model=MODEL, messages=HELLO,
+                                                       max_tokens=4, stream=True)
+        out = [c.choices[0].delta.content or "" async for c in stream]
+        await aclient.close()
+        return "".join(out)
+
+    assert asyncio.run(go())
+
+
+def test_stop_sequences_and_sampling_parameters_reach_the_engine(live) -> None:
+    _, plain = tenant_key()
+    c = client(live["url"], plain)
+    free = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=200,
+                                     temperature=0)
+    text = free.choices[0].message.content
+    words = text.split()
+    assert len(words) > 3
+    stop = " " + words[2]  # a string the greedy output is known to contain
+    stopped = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=200,
+                                        temperature=0, stop=[stop])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stop not in stopped.choices[0].message.content
+    assert text.startswith(stopped.choices[0].message.content)
+    assert stopped.usage.completion_tokens < free.usage.completion_tokens
+    seeded = [c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=30,
+                                        temperature=1.0, seed=11).choices[0].message.content
+              for _ in range(2)]
+    assert seeded[0] == seeded[1]
+
+
+def test_missing_max_tokens_fills_the_context_window(live, redis_client) -> None:
+    _, plain = tenant_key(max_context_tokens=64, max_output_tokens=40)
+    reply = client(live["url"], plain).chat.completions.create(model=MODEL, messages=HELLO)
+    charged = redis_client.hget(key("req", rid_of(reply.id)), "charged_out")
+    limit = min(64 - prompt_len(HELLO), 40)
+    assert reply.usage.completion_tokens <= limit
+    if charged is not None:
+        assert int(charged) == limit
+
+
+# -- models and the allow-list ---------------------------------------------------------------
+
+
+def test_models_lists_only_what_the_key_may_use(live) -> None:
+    tenant = make_tenant()
+    _, everything = make_key(tenant)
+    _, narrow = make_key(tenant, allowed_models=[make_model(MODEL)])
+    names = {m.id for m in client(live["url"], everything).models.list()}
+    assert names == {MODEL, IDLE_MODEL}
+    assert {m.id for m in client(live["url"], narrow).models.list()} == {MODEL}
+    assert client(live["url"], narrow).models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as err:
+        client(live["url"], narrow).chat.completions.create(model=IDLE_MODEL, messages=HELLO)
+    assert err.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client(live["url"], narrow).models.retrieve(IDLE_MODEL)
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+def test_context_and_output_limits_are_400(live, redis_client) -> None:
+    _, plain = tenant_key(max_context_tokens=32, max_output_tokens=8)
+    c = client(live["url"], plain)
+    long_chat = [{"role": "user", "content": "word " * 200}]
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model=MODEL, messages=long_chat, max_tokens=1)
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=9)
+    assert err.value.code == "max_tokens_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model=MODEL, prompt="word " * 30, max_tokens=8)
+    assert err.value.code == "context_length_exceeded"
+    assert not redis_client.keys(key("bucket", "*")) and not usage_records(redis_client)
+
+
+def test_429_retry_after_from_the_refill_rate_and_nothing_charged(live, redis_client) -> None:
+    prompt = prompt_len(HELLO)
+    rate = 60  # one token a second, so Retry-After is the missing token count
+    api_key, plain = tenant_key(input_tpm=rate, input_burst=2 * prompt - 3)
+    c = client(live["url"], plain)
+    c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+    before = bucket_level(redis_client, "tenant", api_key.tenant_id, "in")
+    t0 = time.time()
+    with pytest.raises(openai.RateLimitError) as err:
+        c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+    headers = err.value.response.headers
+    assert err.value.code == "rate_limit_exceeded"
+    stored_ts = float(redis_client.hget(key("bucket", "tenant", api_key.tenant_id, "in"), "ts"))
+    level_at_reject = before + (t0 - stored_ts) * rate / 60
+    expected = math.ceil((prompt - level_at_reject) * 60 / rate)
+    assert abs(int(headers["retry-after"]) - expected) <= 1
+    assert int(headers["x-ratelimit-remaining-tokens"]) < prompt
+    assert bucket_level(redis_client, "tenant", api_key.tenant_id, "in") == before  # untouched
+    assert len(usage_records(redis_client)) == 1  # only the first request
+    assert counters(redis_client, api_key)["conc_t"] == 0
+
+
+def test_a_request_larger_than_the_bucket_is_not_retried(live, redis_client) -> None:
+    _, plain = tenant_key(output_tpm=50, output_burst=50, max_output_tokens=100)
+    with pytest.raises(openai.RateLimitError) as err:
+        client(live["url"], plain).chat.completions.create(model=MODEL, messages=HELLO,
+                                                           max_tokens=80)
+    assert err.value.code == "request_too_large"
+    assert err.value.response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in err.value.response.headers
+
+
+def test_tenant_headers_are_ignored(live, redis_client) -> None:
+    mine, plain = tenant_key()
+    other = make_tenant()
+    c = client(live["url"], plain, default_headers={
+        "X-Tenant-Id": str(other.pk), "OpenAI-Organization": other.slug,
+        "OpenAI-Project": other.slug})
+    reply = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    record = wait_record(redis_client, rid_of(reply.id))
+    assert record["tenant_id"] == mine.tenant_id
+    assert not redis_client.keys(key("bucket", "tenant", other.pk, "*"))
+
+
+def test_quota_holds_across_two_gateways(live, redis_client) -> None:
+    prompt = prompt_len(HELLO)
+    _, plain = tenant_key(input_tpm=1, input_burst=prompt * 3)  # three requests, ever
+    second, url2 = procs.start_uvicorn(env=SERVER_ENV)
+    with second:
+        procs.wait_for_http(url2 + "/healthz", second)
+        statuses = []
+        for i in range(8):
+            url = live["url"] if i % 2 else url2
+            r = httpx.post(url + "/v1/chat/completions", timeout=30,
+                           headers={"Authorization": f"Bearer {plain}"},
+                           json={"model": MODEL, "messages": HELLO, "max_tokens": 1})
+            statuses.append(r.status_code)
+    assert sorted(statuses) == [200] * 3 + [429] * 5
+
+
+# -- streams: disconnect, keep-alive, errors, resume -----------------------------------------
+
+
+def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -> None:
+    api_key, plain = tenant_key()
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 2000, "stream": True}
+    with httpx.Client(timeout=30) as http, http.stream(
+            "POST", live["url"] + "/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {plain}"}) as resp:
+        rid = resp.headers["x-request-id"]
+        seen = 0
+        for line in resp.iter_lines():
+            seen += line.startswith("id: ")
+            if seen >= 5:
+                break
+        closed_at = time.time()
+    record = wait_record(redis_client, rid)
+    assert record["status"] == "cancelled"
+    assert 5 <= record["completion_tokens"] < 2000
+    # The engine stopped within a step or so of the disconnect (250 tokens/s -> 4 ms a step).
+    assert record["settled_at_ms"] / 1000 - closed_at < 1.0
+    procs.wait_until(lambda: counters(redis_client, api_key) == dict.fromkeys(
+        ("conc_t", "conc_k", "streams_t", "streams_k"), 0), 5, "counters back")
+    out_level = bucket_level(redis_client, "tenant", api_key.tenant_id, "out")
+    assert out_level is not None and out_level >= 100_000 - record["completion_tokens"] - 1
+
+    def engine_idle() -> bool:  # the worker's heartbeat shows the sequence and its KV gone (I5)
+        load = redis_client.hgetall(key("worker", "live-w1", "load"))
+        return load.get(b"running") == b"0" and load.get(b"kv_tokens_used") == b"0"
+
+    procs.wait_until(engine_idle, 5, "the engine to free the sequence's KV blocks")
+
+
+def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
+    api_key, plain = tenant_key(ttft_deadline_s=20)
+    body = {"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 5, "stream": False}
+    with contextlib.suppress(httpx.ReadTimeout):  # the client gives up while it is queued
+        httpx.post(live["url"] + "/v1/chat/completions", json=body, timeout=0.5,
+                   headers={"Authorization": f"Bearer {plain}"})
+    record = procs.wait_until(lambda: usage_records(redis_client), 5, "a record")[0]
+    assert record["status"] == "cancelled" and record["completion_tokens"] == 0
+    assert record["prompt_tokens"] == 0
+    assert counters(redis_client, api_key)["conc_t"] == 0
+
+
+def test_idle_stream_gets_keepalives_then_an_error_the_client_raises(live, redis_client) -> None:
+    _, plain = tenant_key(ttft_deadline_s=1.5, total_deadline_s=10)
+    with httpx.stream("POST", live["url"] + "/v1/chat/completions", timeout=10,
+                      headers={"Authorization": f"Bearer {plain}"},
+                      json={"model": IDLE_MODEL, "messages": HELLO, "stream": True}) as resp:
+        assert resp.status_code == 200
+        body = resp.read().decode()
+    assert body.count(": keep-alive") >= 2
+    error = json.loads(body.strip().splitlines()[-1].removeprefix("data: "))
+    assert error["error"]["code"] == "ttft_deadline_exceeded"
+    c = client(live["url"], plain)
+    with pytest.raises(openai.APIError, match="first token"):
+        list(c.chat.completions.create(model=IDLE_MODEL, messages=HELLO, stream=True))
+    assert all(r["completion_tokens"] == 0 and r["prompt_tokens"] == 0
+               for r in usage_records(redis_client))
+
+
+def test_failure_before_any_token_is_a_free_503(live, redis_client) -> None:
+    api_key, plain = tenant_key(ttft_deadline_s=0.5, total_deadline_s=10)
+    r = httpx.post(live["url"] + "/v1/chat/completions", timeout=10,
+                   headers={"Authorization": f"Bearer {plain}"},
+                   json={"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 5})
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["type"] == "server_error"
+    record = wait_record(redis_client, r.headers["x-request-id"])
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (0, 0)
+    assert counters(redis_client, api_key)["conc_t"] == 0
+    assert bucket_level(redis_client, "tenant", api_key.tenant_id, "in") == 200_000
+
+
+def test_resume_with_last_event_id(live) -> None:
+    _, plain = tenant_key()
+    headers = {"Authorization": f"Bearer {plain}"}
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 10, "stream": True}
+    first = httpx.post(live["url"] + "/v1/chat/completions", json=body, headers=headers,
+                       timeout=30).text
+    events = [e for e in first.split("\n\n") if e.startswith("id: ")]
+    assert len(events) >= 4
+    resume_from = events[2].splitlines()[0].removeprefix("id: ")
+    again = httpx.post(live["url"] + "/v1/chat/completions", json=body, timeout=30,
+                       headers={**headers, "Last-Event-ID": resume_from}).text
+    assert [e for e in again.split("\n\n") if e.startswith("id: ")] == events[3:]
+    assert again.rstrip().endswith("data: [DONE]")
+    _, stranger = tenant_key()
+    r = httpx.post(live["url"] + "/v1/chat/completions", json=body, timeout=30,
+                   headers={"Authorization": f"Bearer {stranger}", "Last-Event-ID": resume_from})
+    assert r.status_code == 404  # another tenant's stream does not exist for you
+
+
+# -- idempotency -----------------------------------------------------------------------------
+
+
+def test_idempotency_key_replays_conflicts_and_rejects_a_new_body(live, redis_client) -> None:
+    _, plain = tenant_key()
+    headers = {"Authorization": f"Bearer {plain}", "Idempotency-Key": "abc-1"}
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 3}
+    url = live["url"] + "/v1/chat/completions"
+    first = httpx.post(url, json=body, headers=headers, timeout=30)
+    reordered = json.dumps(dict(reversed(list(body.items()))))
+    again = httpx.post(url, content=reordered, headers=headers, timeout=30)
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json() and again.headers["idempotent-replayed"] == "true"
+    assert len(usage_records(redis_client)) == 1  # charged and run once
+    other = httpx.post(url, json={**body, "max_tokens": 4}, headers=headers, timeout=30)
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
+    # Another tenant's identical key is its own.
+    _, stranger = tenant_key()
+    theirs = httpx.post(url, json=body, timeout=30, headers={
+        "Authorization": f"Bearer {stranger}", "Idempotency-Key": "abc-1"})
+    assert theirs.status_code == 200 and theirs.json()["id"] != first.json()["id"]
+
+
+def test_idempotency_key_in_flight_is_409(live) -> None:
+    _, plain = tenant_key(ttft_deadline_s=1.5)
+    headers = {"Authorization": f"Bearer {plain}", "Idempotency-Key": "slow"}
+    body = {"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 3}
+    url = live["url"] + "/v1/chat/completions"
+    results: list[httpx.Response] = []
+    worker = threading.Thread(target=lambda: results.append(
+        httpx.post(url, json=body, headers=headers, timeout=30)))
+    worker.start()
+    time.sleep(0.5)
+    second = httpx.post(url, json=body, headers=headers, timeout=30)
+    worker.join()
+    assert second.status_code == 409
+    assert results[0].status_code == 503  # retryable failure: the key is released ...
+    third = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert third.status_code == 503  # ... so the retry runs again rather than replaying
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+BAD = [
+    ("POST", "/v1/chat/completions", b"{not json", 400),
+    ("POST", "/v1/chat/completions", b"\xff\xfe\x00", 400),
+    ("POST", "/v1/chat/completions", b'{"model": "sim-live"}', 400),
+    ("POST", "/v1/chat/completions", json.dumps({"model": 3, "messages": HELLO}).encode(), 400),
+    ("POST", "/v1/chat/completions",
+     json.dumps({"model": "nope", "messages": HELLO}).encode(), 404),
+    ("POST", "/v1/chat/completions",
+     json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": -5}).encode(), 400),
+    ("POST", "/v1/chat/completions",
+     json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 10**12}).encode(), 400),
+    ("POST", "/v1/chat/completions",
+     json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 100_000}).encode(), 400),
+    ("POST", "/v1/chat/completions",
+     json.dumps({"model": MODEL, "messages": HELLO, "n": 2}).encode(), 400),
+    ("POST", "/v1/chat/completions",
+     json.dumps({"model": MODEL, "messages": HELLO, "tools": []}).encode(), 400),
+    ("POST", "/v1/chat/completions",
+     json.dumps({"model": MODEL, "messages": HELLO, "bogus": 1}).encode(), 400),
+    ("POST", "/v1/chat/completions",
+     json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "\ud800"}]}).encode(),
+     400),
+    ("POST", "/v1/chat/completions", b"x" * (MAX_BYTES + 1), 413),
+    ("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": [10**9]}).encode(), 400),
+    ("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": ""}).encode(), 400),
+    ("GET", "/v1/chat/completions", b"", 405),
+    ("POST", "/v1/models", b"", 405),
+    ("GET", "/v1/nothing-here", b"", 404),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status"), BAD)
+def test_bad_input_is_an_openai_4xx_and_free(live, redis_client, method: str, path: str,
+                                             body: bytes, status: int) -> None:
+    _, plain = tenant_key()
+    r = httpx.request(method, live["url"] + path, content=body, timeout=30,
+                      headers={"Authorization": f"Bearer {plain}",
+                               "Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert not redis_client.keys(key("req", "*")) and not redis_client.keys(key("bucket", "*"))
+    assert not usage_records(redis_client)
+
+
+def test_no_key_or_a_bad_key_is_401(live) -> None:
+    r = httpx.post(live["url"] + "/v1/chat/completions", json={"model": MODEL}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        client(live["url"], "igw_wrong").models.list()
+
+
+def test_metrics_endpoint(live, redis_client) -> None:
+    from metering import writer
+
+    api_key, plain = tenant_key(output_tpm=50, output_burst=50, max_output_tokens=100)
+    c = client(live["url"], plain)
+    c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3)
+    with pytest.raises(openai.RateLimitError):
+        c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=80)
+    procs.wait_until(lambda: usage_records(redis_client), 5, "the usage record")
+    writer.flush()
+    text = httpx.get(live["url"] + "/metrics", timeout=10).text
+    slug = api_key.tenant.slug
+    assert f'igw_tokens_total{{tenant="{slug}",model="{MODEL}",direction="out"}} 3' in text
+    assert f'igw_rate_limited_total{{tenant="{slug}",model="{MODEL}",reason="too_large"}} 1' in text
+    assert f'igw_pool_running_sequences{{pool="{POOL}"}}' in text
+    assert f'igw_pool_kv_cache_usage_ratio{{pool="{POOL}"}}' in text

@@ -1,0 +1,186 @@
+"""The janitor on real Redis: dead workers' requests end with a retryable error and are settled
+once, overdue requests are expired, and any number of janitors can sweep at the same time."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from gateway import accounting as acc
+from gateway.accounting import AdmissionLimits, ScopeLimits
+from gateway.lua import script
+from gateway.redis_conn import key, redis_url
+from workers import janitor, transport, wfq
+
+LIMITS = AdmissionLimits(tenant=ScopeLimits(input_tpm=100_000, output_tpm=100_000,
+                                            concurrent_requests=100, open_streams=100),
+                         total_deadline_s=60)
+
+
+@pytest.fixture(autouse=True)
+def _fast_death(settings):
+    settings.WORKER_DEAD_AFTER_SECONDS = 2.0
+
+
+def now(r: redis.Redis) -> float:
+    secs, micros = r.time()
+    return secs + micros / 1e6
+
+
+def admit_and_dispatch(r: redis.Redis, rid: str, worker: str, *, tenant: int = 1) -> None:
+    """Admitted, queued in the WFQ, then dispatched into ``worker``'s in-flight set."""
+    assert isinstance(acc.admit(request_id=rid, tenant_id=tenant, key_id=tenant, pool="jp",
+                                model="m", prompt_tokens=10, max_output_tokens=100, stream=True,
+                                limits=LIMITS, extra={"weight": "1.0"}), acc.Admitted)
+    wfq.enqueue("jp", str(tenant), rid, weight=1.0, prompt_tokens=10, max_output_tokens=100,
+                kv_tokens=110)
+    assert wfq.dispatch("jp", free_slots=1, free_kv_tokens=10_000, worker_id=worker)
+
+
+def claim_and_deliver(r: redis.Redis, rid: str, worker: str, tokens: int) -> None:
+    """What a worker does before dying: claim, then stream ``tokens`` tokens."""
+    reply = script("claim").run(r, [acc.req_key(rid)], [worker, acc.inflight_key(worker), "",
+                                                         *acc.PAYLOAD_FIELDS])
+    assert reply[0] == 1
+    for _ in range(tokens):
+        r.xadd(acc.stream_key(rid), {"t": "x", "n": 1})
+        r.hincrby(acc.req_key(rid), "delivered", 1)
+
+
+def register(r: redis.Redis, worker: str, *, age: float) -> None:
+    r.zadd(key("workers", "jp"), {worker: now(r) - age})
+    r.sadd(key("pools"), "jp")
+
+
+def last_entry(r: redis.Redis, rid: str) -> dict[bytes, bytes]:
+    return r.xrevrange(acc.stream_key(rid), count=1)[0][1]
+
+
+def records(r: redis.Redis) -> dict[str, dict]:
+    return {x["request_id"]: x for x in map(json.loads, r.lrange(acc.usage_pending_key(), 0, -1))}
+
+
+def test_dead_worker_requests_get_retryable_error_and_are_billed_for_delivered(redis_client):
+    r = redis_client
+    admit_and_dispatch(r, "running", "dead")
+    claim_and_deliver(r, "running", "dead", tokens=7)
+    admit_and_dispatch(r, "unclaimed", "dead", tenant=2)  # dispatched, worker died before claim
+    register(r, "dead", age=10)
+
+    report = janitor.sweep()
+    assert report.dead_workers == ["dead"]
+    assert sorted(report.lost_requests) == ["running", "unclaimed"]
+    for rid in ("running", "unclaimed"):
+        entry = last_entry(r, rid)
+        assert entry[b"e"] == b"worker_lost" and entry[b"r"] == b"1"
+    got = records(r)
+    assert got["running"]["completion_tokens"] == 7 and got["running"]["status"] == "error"
+    assert got["unclaimed"]["completion_tokens"] == 0
+    assert r.zscore(key("workers", "jp"), "dead") is None
+    assert r.scard(acc.inflight_key("dead")) == 0
+    for pattern in ("conc:*", "streams:*"):
+        assert all(int(r.get(k)) == 0 for k in r.keys(key(pattern)))
+    # Sweeping again changes nothing.
+    assert janitor.sweep().as_dict() == {"dead_workers": [], "lost_requests": [],
+                                         "expired_requests": []}
+    assert r.llen(acc.usage_pending_key()) == 2
+
+
+def test_a_live_worker_is_left_alone(redis_client):
+    admit_and_dispatch(redis_client, "fine", "alive")
+    register(redis_client, "alive", age=0.1)
+    assert janitor.sweep().dead_workers == []
+    assert redis_client.hget(acc.req_key("fine"), "state") == b"queued"
+    assert redis_client.sismember(acc.inflight_key("alive"), "fine")
+
+
+def test_a_heartbeat_that_lands_before_the_reap_wins(redis_client):
+    r = redis_client
+    admit_and_dispatch(r, "saved", "slow")
+    register(r, "slow", age=10)
+    keys = [key("workers", "jp"), key("pools"), key("worker", "slow", "reaped"),
+            key("worker", "slow", "load")]
+    assert script("heartbeat").run(r, keys, ["slow", "jp", 10]) == 1
+    assert janitor.reap_worker(r, "jp", "slow", janitor.SweepReport()) is False
+    assert r.hget(acc.req_key("saved"), "state") == b"queued"
+
+
+def test_a_reaped_worker_never_beats_again_under_its_id(redis_client):
+    r = redis_client
+    register(r, "gone", age=10)
+    janitor.sweep()
+    keys = [key("workers", "jp"), key("pools"), key("worker", "gone", "reaped"),
+            key("worker", "gone", "load")]
+    assert script("heartbeat").run(r, keys, ["gone", "jp", 10]) == 0
+    assert r.zscore(key("workers", "jp"), "gone") is None
+
+
+def test_many_janitors_at_once_settle_each_request_once(redis_client):
+    r = redis_client
+    rids = [f"r{i}" for i in range(30)]
+    for i, rid in enumerate(rids):
+        admit_and_dispatch(r, rid, "dead", tenant=i % 3)
+        claim_and_deliver(r, rid, "dead", tokens=i % 4)
+    register(r, "dead", age=10)
+    barrier = threading.Barrier(6)
+
+    def sweep(_: int) -> list[str]:
+        client = redis.Redis.from_url(redis_url())
+        barrier.wait()
+        return janitor.sweep(client).lost_requests
+
+    with ThreadPoolExecutor(6) as pool:
+        lost = [rid for batch in pool.map(sweep, range(6)) for rid in batch]
+    assert sorted(lost) == sorted(rids)  # every request settled by exactly one janitor
+    assert r.llen(acc.usage_pending_key()) == 30
+    for i, rid in enumerate(rids):
+        errors = [e for _, e in r.xrange(acc.stream_key(rid)) if b"e" in e]
+        assert len(errors) == 1
+        assert records(r)[rid]["completion_tokens"] == i % 4
+
+
+def test_overdue_queued_request_is_expired_and_leaves_its_queue(redis_client):
+    r = redis_client
+    assert isinstance(acc.admit(request_id="late", tenant_id=1, key_id=1, pool="jp", model="m",
+                                prompt_tokens=10, max_output_tokens=50, stream=False,
+                                limits=LIMITS), acc.Admitted)
+    wfq.enqueue("jp", "1", "late", weight=1.0, prompt_tokens=10, max_output_tokens=50,
+                kv_tokens=60)
+    deadline = r.zscore(acc.deadlines_key(), "late")
+    assert janitor.settle_overdue(r, now=deadline - 1).expired_requests == []
+    assert janitor.settle_overdue(r, now=deadline + 1).expired_requests == ["late"]
+    assert wfq.queued_requests("jp") == []
+    entry = last_entry(r, "late")
+    assert entry[b"e"] == b"deadline_exceeded" and entry[b"r"] == b"0"
+    record = records(r)["late"]
+    assert record["status"] == "expired" and record["prompt_tokens"] == 0
+    assert r.zcard(acc.deadlines_key()) == 0
+
+
+def test_overdue_running_request_is_settled_and_its_worker_told_to_abort(redis_client):
+    r = redis_client
+    admit_and_dispatch(r, "stuck", "w")
+    claim_and_deliver(r, "stuck", "w", tokens=3)
+    register(r, "w", age=0)
+    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(transport.cancel_channel("jp"))
+    pubsub.get_message(timeout=1)
+    deadline = r.zscore(acc.deadlines_key(), "stuck")
+    assert janitor.settle_overdue(r, now=deadline + 1).expired_requests == ["stuck"]
+    assert records(r)["stuck"]["completion_tokens"] == 3
+    message = pubsub.get_message(timeout=2)
+    assert message and message["data"] == b"stuck\tdeadline_exceeded"
+    assert not r.sismember(acc.inflight_key("w"), "stuck")
+    pubsub.close()
+
+
+def test_the_celery_task_runs_the_same_sweep(redis_client):
+    from workers.tasks import janitor_sweep
+
+    register(redis_client, "old", age=10)
+    assert janitor_sweep() == {"dead_workers": ["old"], "lost_requests": [],
+                               "expired_requests": []}

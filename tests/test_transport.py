@@ -1,0 +1,166 @@
+"""Token transport on real Redis: per-step pipelined XADD, one multiplexed reader per process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gateway import accounting as acc
+from gateway.redis_conn import get_async_redis, key
+from tests.procs import arun
+from workers import transport
+from workers.transport import StepBatch
+
+
+async def _write_steps(rids: list[str], steps: int, *, pause: float = 0.0) -> None:
+    """A worker's writer: one pipelined batch per step, then each request's final entry."""
+    r = get_async_redis()
+    for step in range(steps):
+        batch = StepBatch()
+        for rid in rids:
+            batch.add(rid, f"<{rid}:{step}>", 1, first=step == 0)
+        await batch.flush(r, stream_ttl=120)
+        if pause:
+            await asyncio.sleep(pause)
+    batch = StepBatch()
+    for rid in rids:
+        event = transport.finish_event("stop", {"completion_tokens": steps})
+        keys, args = acc.settle_call(rid, status="ok", output_tokens=steps, event=event)
+        batch.settle(rid, keys, args)
+    await batch.flush(r, stream_ttl=120)
+
+
+def _admit(rid: str) -> None:
+    acc.admit(request_id=rid, tenant_id=1, key_id=1, pool="p", model="m", prompt_tokens=3,
+              max_output_tokens=1000, stream=True,
+              limits=acc.AdmissionLimits(tenant=acc.ScopeLimits()))
+
+
+def test_step_batch_writes_one_entry_per_request_and_counts_delivery(redis_client):
+    _admit("a")
+    _admit("b")
+
+    async def main() -> list:
+        batch = StepBatch()
+        batch.add("a", "Hel", 1, first=True)
+        batch.add("b", "Hi", 1, first=True)
+        batch.add("a", "lo", 1)  # two deltas of one request in one step: one entry
+        keys, args = acc.settle_call("b", status="ok", output_tokens=1,
+                                     event=transport.finish_event("stop", {"completion_tokens": 1}))
+        batch.settle("b", keys, args)
+        return await batch.flush(get_async_redis(), stream_ttl=120)
+
+    [settled] = arun(main())
+    assert acc.parse_settle("b", settled) is not None
+    entries = redis_client.xrange(acc.stream_key("a"))
+    assert [e[1] for e in entries] == [{b"t": b"Hello", b"n": b"2"}]
+    assert redis_client.hget(acc.req_key("a"), "delivered") == b"2"
+    assert redis_client.hget(acc.req_key("a"), "first_token_at") is not None
+    assert 0 < redis_client.ttl(acc.stream_key("a")) <= 120
+    # b: its tokens, then the final entry settle wrote in the same pipeline, after them.
+    b = [e[1] for e in redis_client.xrange(acc.stream_key("b"))]
+    assert b[0] == {b"t": b"Hi", b"n": b"1"} and b[1][b"f"] == b"stop"
+    assert 0 < redis_client.ttl(acc.stream_key("b")) <= acc.STREAM_TTL_AFTER_END
+
+
+def test_one_reader_relays_many_requests_in_order(redis_client):
+    rids = [f"r{i}" for i in range(200)]
+    for rid in rids:
+        _admit(rid)
+
+    async def consume(rid: str) -> list[str]:
+        return [e.fields.get("t", e.fields.get("f", "")) async for e in transport.subscribe(rid)]
+
+    def relay_ids() -> set[str]:
+        return {c["id"] for c in redis_client.client_list()
+                if c.get("name") == transport.RELAY_CLIENT_NAME}
+
+    before = relay_ids()
+
+    async def main() -> list[list[str]]:
+        readers = [asyncio.create_task(consume(rid)) for rid in rids]
+        await asyncio.sleep(0.05)
+        writer = asyncio.create_task(_write_steps(rids, 20))
+        opened = relay_ids() - before
+        got = await asyncio.wait_for(asyncio.gather(*readers), 30)
+        await writer
+        assert len(opened) == 1, opened  # one multiplexed reader, not one per stream
+        return got
+
+    got = arun(main())
+    for rid, texts in zip(rids, got, strict=True):
+        assert texts == [f"<{rid}:{s}>" for s in range(20)] + ["stop"]
+
+
+def test_resume_after_last_event_id_and_after_the_end(redis_client):
+    _admit("r")
+    arun(_write_steps(["r"], 5))
+    ids = [e[0].decode() for e in redis_client.xrange(acc.stream_key("r"))]
+
+    async def read(last: str) -> list[str]:
+        return [e.id async for e in transport.subscribe("r", last)]
+
+    assert arun(read("0-0")) == ids  # a subscriber arriving after the end gets everything
+    assert arun(read(ids[2])) == ids[3:]  # Last-Event-ID: resume just after it
+
+
+def test_new_subscription_interrupts_a_blocked_read(redis_client):
+    """The reader blocks up to READ_BLOCK_MS; a new stream must not wait that long."""
+    _admit("slow")
+    _admit("late")
+
+    async def main() -> float:
+        idle = asyncio.create_task(anext(transport.subscribe("slow")))
+        await asyncio.sleep(0.3)  # the reader is now blocked on "slow" alone
+        batch = StepBatch()
+        batch.add("late", "x", 1)
+        await batch.flush(get_async_redis(), 60)
+        start = time.monotonic()
+        event = await anext(transport.subscribe("late"))
+        elapsed = time.monotonic() - start
+        assert event.fields["t"] == "x"
+        idle.cancel()
+        return elapsed
+
+    assert arun(main()) < transport.READ_BLOCK_MS / 1000 / 2
+
+
+def test_relay_throughput_floor(redis_client):
+    """Sanity floor, not a benchmark: 100 streams x 100 steps through one reader."""
+    rids = [f"t{i}" for i in range(100)]
+    for rid in rids:
+        _admit(rid)
+
+    async def consume(rid: str) -> int:
+        return len([e async for e in transport.subscribe(rid)])
+
+    async def main() -> float:
+        readers = [asyncio.create_task(consume(rid)) for rid in rids]
+        start = time.monotonic()
+        await _write_steps(rids, 100)
+        counts = await asyncio.wait_for(asyncio.gather(*readers), 60)
+        assert counts == [101] * 100
+        return 100 * 100 / (time.monotonic() - start)
+
+    rate = arun(main())
+    print(f"relayed {rate:,.0f} entries/s (writer and reader in one process)")
+    assert rate > 3000
+
+
+def test_cancel_is_published_on_the_pools_channel(redis_client):
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(transport.cancel_channel("p"))
+    pubsub.get_message(timeout=1)
+    assert transport.publish_cancel_sync("p", "req-1", "client_disconnect") == 1
+    message = pubsub.get_message(timeout=2)
+    assert message and message["data"] == b"req-1\tclient_disconnect"
+    assert transport.cancel_channel("p") == key("cancel", "p")
+    pubsub.close()
+
+
+@pytest.mark.parametrize("fields", [{"e": "worker_lost", "m": "x", "r": "1"}, {"f": "stop"}])
+def test_terminal_entries_end_the_iteration(fields):
+    assert transport.StreamEvent("1-0", fields).terminal
+    assert not transport.StreamEvent("1-0", {"t": "a", "n": "1"}).terminal

@@ -1,0 +1,409 @@
+"""An OpenAI-compatible server (``vllm serve``, llama.cpp's server) behind the engine interface.
+
+The worker forwards each request to ``POST {base_url}/v1/completions`` with ``stream: true``
+and relays the chunks as deltas. What the gateway needs from the upstream differs by server,
+so a ``dialect`` picks the defaults:
+
+- ``vllm``: the prompt goes as token ids (the ids the gateway counted and charged), with the
+  tenant's ``cache_salt`` (I1), ``return_token_ids`` (each chunk carries its token ids) and
+  ``stream_options.include_usage`` (a final chunk with the engine's usage and
+  ``prompt_tokens_details.cached_tokens``); ``priority`` when the fleet runs vLLM's priority
+  scheduler.
+- ``llama_cpp`` (llama-cpp-python's server): the prompt goes as text (the server's completions
+  endpoint takes strings), nothing vLLM-specific is sent, and no usage chunk comes back when
+  streaming, so the worker counts output tokens itself.
+- ``openai``: the plain OpenAI wire format (text prompt, usage chunk, nothing else).
+
+Counting (the design's "tokenizer mismatch" failure): output tokens are the upstream's token
+ids where it sends them, else the model's tokenizer over the streamed text, except that a
+request stopped by ``length`` generated exactly the ``max_tokens`` it was sent. The upstream's
+own usage, when reported, is authoritative and reconciles the count (a difference is logged).
+
+Cancelling: ``abort`` (or closing the delta iterator) cancels the request's task, which closes
+the upstream response and so its connection; both vLLM and llama.cpp's server stop generating
+when the client goes. Timeouts are bounded: connect, first byte (queueing + prefill upstream),
+and idle time between chunks. Errors: connection failures, timeouts, 5xx and 429 are
+retryable; other 4xx are final (the request itself is wrong).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from workers.engine.adapters import AdapterCatalog, AdapterNotFound
+from workers.engine.base import (
+    Engine,
+    EngineError,
+    EngineLoad,
+    EngineRequest,
+    FinishReason,
+    TokenDelta,
+    Usage,
+)
+from workers.tokenization import HFTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT,
+           "eos": FinishReason.STOP}
+
+# dialect -> defaults of (prompt_format, send_cache_salt, return_token_ids, include_usage,
+# vllm_sampling: stop_token_ids / ignore_eos)
+DIALECTS: dict[str, dict[str, Any]] = {
+    "vllm": {"prompt_format": "token_ids", "send_cache_salt": True, "return_token_ids": True,
+             "include_usage": True, "vllm_sampling": True},
+    "llama_cpp": {"prompt_format": "text", "send_cache_salt": False, "return_token_ids": False,
+                  "include_usage": False, "vllm_sampling": False},
+    "openai": {"prompt_format": "text", "send_cache_salt": False, "return_token_ids": False,
+               "include_usage": True, "vllm_sampling": False},
+}
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    base_url: str
+    model: str  # the upstream's name for the model
+    dialect: str = "vllm"
+    prompt_format: str = "token_ids"  # or "text"
+    send_cache_salt: bool = True
+    return_token_ids: bool = True
+    include_usage: bool = True
+    vllm_sampling: bool = True
+    send_priority: bool = False
+    api_key_env: str | None = None  # the key is read from this variable, never stored in the DB
+    connect_timeout_s: float = 5.0
+    first_byte_timeout_s: float = 120.0
+    idle_timeout_s: float = 30.0
+    max_connections: int = 64
+    max_model_len: int = 8192
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {sorted(DIALECTS)}")
+        if self.prompt_format not in ("token_ids", "text"):
+            raise ValueError('prompt_format must be "token_ids" or "text"')
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError("base_url must be an http(s) URL")
+        for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ValueError(f"{name} must be in (0, 3600] seconds")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+
+    @classmethod
+    def for_dialect(cls, dialect: str, **values: Any) -> UpstreamSettings:
+        """Settings with the dialect's defaults, overridden by explicit values."""
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {sorted(DIALECTS)}")
+        return cls(dialect=dialect, **{**DIALECTS[dialect], **values})
+
+    @property
+    def completions_url(self) -> str:
+        base = self.base_url.rstrip("/")
+        return f"{base}/completions" if base.endswith("/v1") else f"{base}/v1/completions"
+
+
+class UpstreamHTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"upstream answered {status}: {message}")
+        self.status = status
+
+
+def retryable_status(status: int) -> bool:
+    return status >= 500 or status in (408, 429)
+
+
+def build_body(
+    request: EngineRequest, s: UpstreamSettings, tokenizer: HFTokenizer, model: str
+) -> dict[str, Any]:
+    """The JSON body of the upstream completions request."""
+    sp = request.sampling
+    ids = request.prompt_token_ids
+    room = s.max_model_len - len(ids)
+    if not ids or room < 1:
+        raise EngineError(f"prompt of {len(ids)} tokens does not fit max_model_len="
+                          f"{s.max_model_len}", retryable=False)
+    if min(ids) < 0 or max(ids) >= tokenizer.vocab_size:
+        raise EngineError("prompt has token ids outside the vocabulary", retryable=False)
+    prompt: Any = (list(request.prompt_token_ids) if s.prompt_format == "token_ids"
+                   else tokenizer.decode(list(request.prompt_token_ids),
+                                         skip_special_tokens=False))
+    body: dict[str, Any] = {
+        "model": model, "prompt": prompt, "stream": True,
+        "max_tokens": max(1, min(sp.max_tokens, room)),
+        "temperature": sp.temperature, "top_p": sp.top_p,
+    }
+    if sp.seed is not None:
+        body["seed"] = sp.seed
+    if sp.stop:
+        body["stop"] = list(sp.stop)
+    if s.include_usage:
+        body["stream_options"] = {"include_usage": True}
+    if s.send_cache_salt:
+        body["cache_salt"] = request.cache_salt
+    if s.return_token_ids:
+        body["return_token_ids"] = True
+    if s.vllm_sampling:
+        if sp.stop_token_ids:
+            body["stop_token_ids"] = list(sp.stop_token_ids)
+        if sp.ignore_eos:
+            body["ignore_eos"] = True
+    if s.send_priority:
+        body["priority"] = request.priority
+    body.update(s.extra_body)
+    return body
+
+
+class _Tally:
+    """What one request has streamed, and its usage once the upstream is done."""
+
+    def __init__(self, request: EngineRequest, max_tokens: int) -> None:
+        self.prompt = len(request.prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.ids = 0
+        self.ids_known = True  # every chunk so far carried its token ids
+        self.text: list[str] = []
+        self.chunks = 0  # chunks with text (llama.cpp streams one per token)
+        self.reported: dict[str, Any] | None = None
+
+    def add(self, text: str, ids: list[int] | None) -> None:
+        self.text.append(text)
+        self.chunks += bool(text)
+        if ids is None:
+            self.ids_known = self.ids_known and not text
+        else:
+            self.ids += len(ids)
+
+    def counted(self, tokenizer: HFTokenizer, reason: str | None) -> int:
+        if self.ids_known:
+            return self.ids
+        if reason == FinishReason.LENGTH:
+            return self.max_tokens  # the engine stopped because it generated exactly that many
+        # Text only: re-encoding merges tokens the model emitted apart, and a chunk can hold
+        # two tokens (a character split over bytes); both undercount, so take the larger.
+        return max(len(tokenizer.encode("".join(self.text))), self.chunks)
+
+    def usage(self, tokenizer: HFTokenizer, reason: str | None) -> Usage:
+        counted = self.counted(tokenizer, reason)
+        r = self.reported
+        if not r:
+            return Usage(self.prompt, 0, counted)
+        output = int(r.get("completion_tokens", counted))
+        prompt = int(r.get("prompt_tokens", self.prompt))
+        details = r.get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0)
+        if output != counted or prompt != self.prompt:
+            # The upstream's count wins (it ran the model); a gap means tokenizers differ.
+            log.warning("upstream usage %s/%s differs from the gateway's %s/%s",
+                        prompt, output, self.prompt, counted)
+        return Usage(prompt, cached, output)
+
+    def partial(self, tokenizer: HFTokenizer) -> Usage:
+        return Usage(self.prompt, 0, self.counted(tokenizer, None))
+
+
+class _Stream:
+    __slots__ = ("done", "queue", "task")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[TokenDelta | EngineError] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+        self.done = False
+
+
+class UpstreamEngine(Engine):
+    def __init__(
+        self,
+        settings: UpstreamSettings,
+        tokenizer_path: str | None = None,
+        catalog: AdapterCatalog | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog or AdapterCatalog()
+        self._tok = load_tokenizer(tokenizer_path or None)
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._streams: dict[str, _Stream] = {}
+
+    @property
+    def tokenizer(self) -> HFTokenizer:
+        return self._tok
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        s = self.settings
+        headers = {}
+        if s.api_key_env:
+            key = os.environ.get(s.api_key_env)
+            if not key:
+                raise EngineError(f"environment variable {s.api_key_env} is not set",
+                                  retryable=False)
+            headers["Authorization"] = f"Bearer {key}"
+        # Reads are bounded by first-byte / idle deadlines per chunk (below), not by httpx.
+        timeout = httpx.Timeout(connect=s.connect_timeout_s, read=None, write=s.idle_timeout_s,
+                                pool=s.first_byte_timeout_s)
+        limits = httpx.Limits(max_connections=s.max_connections,
+                              max_keepalive_connections=s.max_connections)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers,
+                                         transport=self._transport)
+
+    async def stop(self) -> None:
+        for rid in list(self._streams):
+            await self.abort(rid)
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    def _model_for(self, request: EngineRequest) -> str:
+        if not request.adapter:
+            return self.settings.model
+        try:
+            adapter = self.catalog.for_request(request.adapter, request.cache_salt)
+        except AdapterNotFound:
+            raise EngineError(f"The model `{request.adapter}` does not exist.",
+                              retryable=False) from None
+        return adapter.upstream_model or adapter.engine_name
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        if not request.cache_salt:
+            raise EngineError("request has no cache salt (I1)", retryable=False)
+        body = build_body(request, self.settings, self._tok, self._model_for(request))
+        if self._client is None:
+            raise EngineError("the upstream engine is not started", retryable=True)
+        rid = request.request_id
+        if rid in self._streams:
+            raise EngineError(f"request {rid} is already running", retryable=False)
+        stream = self._streams[rid] = _Stream()
+        tally = _Tally(request, body["max_tokens"])
+        stream.task = asyncio.get_running_loop().create_task(self._pump(body, tally, stream))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, EngineError):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            if not stream.done and stream.task is not None:
+                stream.task.cancel()  # closes the upstream connection: the upstream aborts
+            self._streams.pop(rid, None)
+
+    async def _pump(self, body: dict[str, Any], tally: _Tally, stream: _Stream) -> None:
+        put = stream.queue.put_nowait
+        try:
+            reason = await self._relay(body, tally, put)
+            put(TokenDelta([], "", reason, tally.usage(self._tok, reason)))
+        except asyncio.CancelledError:
+            put(TokenDelta([], "", FinishReason.ABORT, tally.partial(self._tok)))
+            raise
+        except Exception as exc:
+            put(self._error(exc, tally))
+        finally:
+            stream.done = True
+
+    async def _relay(self, body: dict[str, Any], tally: _Tally, put: Any) -> str:
+        """Stream the upstream response into deltas; returns the finish reason."""
+        assert self._client is not None
+        s = self.settings
+        reason: str | None = None
+        async with contextlib.AsyncExitStack() as stack:
+            async with asyncio.timeout(s.first_byte_timeout_s):
+                response = await stack.enter_async_context(
+                    self._client.stream("POST", s.completions_url, json=body))
+                if response.status_code != 200:
+                    raise UpstreamHTTPError(response.status_code, await _error_text(response))
+            lines = response.aiter_lines()
+            deadline = s.first_byte_timeout_s
+            while True:
+                async with asyncio.timeout(deadline):
+                    line = await anext(lines, None)
+                deadline = s.idle_timeout_s
+                if line is None:
+                    break
+                if not line.startswith("data:"):
+                    continue  # SSE comments, blank separators, "event:" lines
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                reason = self._chunk(json.loads(data), tally, put) or reason
+        if reason is None:
+            raise ConnectionError("the upstream closed the stream before finishing")
+        return reason
+
+    def _chunk(self, chunk: dict[str, Any], tally: _Tally, put: Any) -> str | None:
+        if "error" in chunk:  # vLLM reports a failure mid-stream as an error event
+            err = chunk["error"] or {}
+            raise UpstreamHTTPError(int(err.get("code") or 500), str(err.get("message", err)))
+        if chunk.get("usage"):
+            tally.reported = chunk["usage"]
+        reason = None
+        for choice in chunk.get("choices") or []:
+            text = choice.get("text") or ""
+            ids = choice.get("token_ids")
+            tally.add(text, ids)
+            if ids is None and text:
+                # No ids on the wire (llama.cpp): the tokenizer's ids for the chunk, so the
+                # stream still counts tokens; the final usage is what settles the request.
+                ids = self._tok.encode(text)
+            if text or ids:
+                put(TokenDelta(list(ids or ()), text))
+            if choice.get("finish_reason"):
+                reason = _FINISH.get(choice["finish_reason"], FinishReason.STOP)
+        return reason
+
+    def _error(self, exc: Exception, tally: _Tally) -> EngineError:
+        usage = tally.partial(self._tok)
+        if isinstance(exc, UpstreamHTTPError):
+            return EngineError(str(exc)[:500], retryable=retryable_status(exc.status),
+                               usage=usage)
+        if isinstance(exc, TimeoutError | httpx.TimeoutException):
+            return EngineError("the upstream timed out", retryable=True, usage=usage)
+        if isinstance(exc, httpx.TransportError | ConnectionError | OSError):
+            return EngineError(f"the upstream is unreachable: {type(exc).__name__}: {exc}",
+                               retryable=True, usage=usage)
+        log.exception("upstream relay failed")
+        return EngineError(f"bad upstream response: {type(exc).__name__}: {exc}",
+                           retryable=True, usage=usage)
+
+    async def abort(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None or stream.task is None or stream.done:
+            return
+        stream.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([stream.task])
+
+    def load(self) -> EngineLoad:
+        # The upstream's own queue and KV cache are not visible from here; what this worker
+        # has in flight is.
+        n = len(self._streams)
+        return EngineLoad(running=n, waiting=0, max_running=self.settings.max_connections,
+                          kv_tokens_used=0, kv_tokens_total=0)
+
+
+async def _error_text(response: httpx.Response) -> str:
+    raw = (await response.aread())[:2000]
+    try:
+        err = json.loads(raw)
+        if isinstance(err, dict):
+            inner = err.get("error", err)
+            if isinstance(inner, dict):
+                return str(inner.get("message") or inner.get("detail") or inner)
+            return str(inner)
+    except ValueError:
+        pass
+    return raw.decode("utf-8", "replace")
+

@@ -1,0 +1,400 @@
+"""vLLM's V1 ``AsyncLLM`` behind the engine interface, in the worker process (one per GPU).
+
+Written against vLLM 0.33 (``vllm.v1.engine.async_llm.AsyncLLM``):
+
+- ``AsyncLLM.from_engine_args(AsyncEngineArgs(...), stat_loggers=[factory])`` builds the engine
+  from the pool's settings (``VLLMSettings``); its engine core runs in a child process.
+- ``generate(TokensPrompt, SamplingParams, request_id, lora_request=, priority=)`` yields
+  ``RequestOutput`` deltas (``RequestOutputKind.DELTA``); usage comes from the outputs
+  (``prompt_token_ids``, ``num_cached_tokens``, the output token ids).
+- Cancelling the task that consumes ``generate()`` makes vLLM abort the request (it catches
+  ``CancelledError`` and calls ``abort``), which frees its KV blocks within a step. So each
+  request is pumped by its own task, and ``abort(rid)`` cancels that task.
+- Load comes from the scheduler statistics (running, waiting, ``kv_cache_usage``) through a
+  stat logger registered with the engine.
+
+The translation from ``EngineRequest`` to ``generate()``'s arguments is pure
+(``build_generate_call``) and tested without vLLM; ``to_vllm`` turns it into vLLM's own classes.
+Per request it enforces:
+
+- I1, prefix-cache isolation: the prompt carries the tenant's ``cache_salt``; a request without
+  one is refused rather than served from the shared, unsalted cache;
+- adapters are tenant data: a ``LoRARequest`` is built only when the request's salt is the
+  adapter owner's (``workers.engine.adapters``); anyone else gets "not found";
+- fairness inside the batch: with ``scheduling_policy="priority"`` the request's priority (from
+  the WFQ order; lower runs first) is passed on, otherwise 0 (vLLM rejects a priority under FCFS).
+
+vLLM is imported lazily, only when an engine starts, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.engine.adapters import AdapterCatalog, AdapterNotFound
+from workers.engine.base import (
+    Engine,
+    EngineError,
+    EngineLoad,
+    EngineRequest,
+    FinishReason,
+    TokenDelta,
+    Usage,
+)
+from workers.tokenization import HFTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("fcfs", "priority")
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+# vLLM exceptions (by class name, so nothing imports vLLM) that mean "this request is wrong".
+_FINAL_ERRORS = {"VLLMValidationError", "ValueError", "TypeError", "VLLMClientError"}
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """Engine settings of one pool (from ``Pool`` and its ``backend_settings``)."""
+
+    model: str
+    max_model_len: int
+    max_num_seqs: int
+    tokenizer_path: str | None = None  # None: the model directory
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    scheduling_policy: str = "fcfs"
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    block_size: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = False
+    seed: int = 0
+    # Anything else AsyncEngineArgs takes, passed through unchecked (the escape hatch).
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {POLICIES}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_model_len < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_model_len and max_num_seqs must be at least 1")
+
+    def async_engine_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.AsyncEngineArgs``."""
+        args: dict[str, Any] = {
+            "model": self.model,
+            "tokenizer": self.tokenizer_path or self.model,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "enable_lora": self.enable_lora,
+            "scheduling_policy": self.scheduling_policy,
+            "dtype": self.dtype,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "enforce_eager": self.enforce_eager,
+            "seed": self.seed,
+            # Stats feed load(); prompts are tenant data and never go to vLLM's request log.
+            "disable_log_stats": False,
+            "enable_log_requests": False,
+        }
+        if self.enable_lora:
+            args.update(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank)
+        if self.block_size is not None:
+            args["block_size"] = self.block_size
+        if self.max_num_batched_tokens is not None:
+            args["max_num_batched_tokens"] = self.max_num_batched_tokens
+        args.update(self.engine_args)
+        return args
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """The arguments of one ``AsyncLLM.generate`` call, as plain data."""
+
+    request_id: str
+    prompt: dict[str, Any]  # TokensPrompt fields
+    sampling: dict[str, Any]  # SamplingParams keyword arguments (output kind added by to_vllm)
+    lora: dict[str, Any] | None  # LoRARequest keyword arguments
+    priority: int
+
+
+def _not_found(name: str) -> EngineError:
+    # Worded as for any unknown model: the caller learns nothing about other tenants' adapters.
+    return EngineError(f"The model `{name}` does not exist.", retryable=False)
+
+
+def build_generate_call(
+    request: EngineRequest, settings: VLLMSettings, catalog: AdapterCatalog, vocab_size: int
+) -> GenerateCall:
+    """Translate an engine request; raises a final ``EngineError`` when it cannot run."""
+    if not request.cache_salt:
+        raise EngineError("request has no cache salt (I1): refusing an unsalted prompt",
+                          retryable=False)
+    n_prompt = len(request.prompt_token_ids)
+    room = settings.max_model_len - n_prompt
+    if n_prompt == 0 or room < 1:
+        raise EngineError(
+            f"prompt of {n_prompt} tokens does not fit max_model_len={settings.max_model_len}",
+            retryable=False)
+    if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab_size:
+        raise EngineError("prompt has token ids outside the vocabulary", retryable=False)
+    prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+    if settings.enable_prefix_caching:
+        prompt["cache_salt"] = request.cache_salt
+    sp = request.sampling
+    sampling: dict[str, Any] = {
+        "n": 1,
+        "max_tokens": max(1, min(sp.max_tokens, room)),
+        "temperature": sp.temperature,
+        "top_p": sp.top_p,
+        "seed": sp.seed,
+        "stop": list(sp.stop),
+        "stop_token_ids": list(sp.stop_token_ids),
+        "ignore_eos": sp.ignore_eos,
+        "skip_special_tokens": True,
+        "detokenize": True,
+    }
+    lora = None
+    if request.adapter:
+        if not settings.enable_lora:
+            raise _not_found(request.adapter)
+        try:
+            adapter = catalog.for_request(request.adapter, request.cache_salt)
+        except AdapterNotFound:
+            raise _not_found(request.adapter) from None
+        lora = {"lora_name": adapter.engine_name, "lora_int_id": adapter.int_id,
+                "lora_path": adapter.path}
+    priority = request.priority if settings.scheduling_policy == "priority" else 0
+    return GenerateCall(request.request_id, prompt, sampling, lora, priority)
+
+
+def to_vllm(call: GenerateCall) -> tuple[Any, Any, Any]:
+    """vLLM's own (TokensPrompt, SamplingParams, LoRARequest | None) for a call."""
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    params = SamplingParams(**call.sampling, output_kind=RequestOutputKind.DELTA)
+    lora = LoRARequest(**call.lora) if call.lora else None
+    return TokensPrompt(**call.prompt), params, lora
+
+
+class LoadSink:
+    """The latest scheduler statistics, written by the stat logger after every engine step."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0  # fraction of KV blocks in use
+        self.seen = False
+
+    def observe(self, scheduler_stats: Any) -> None:
+        if scheduler_stats is None:
+            return
+        self.running = int(getattr(scheduler_stats, "num_running_reqs", 0))
+        self.waiting = int(getattr(scheduler_stats, "num_waiting_reqs", 0))
+        usage = getattr(scheduler_stats, "kv_cache_usage", None)
+        if usage is None:  # the field's name before vLLM 0.10
+            usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
+        self.kv_usage = float(usage)
+        self.seen = True
+
+
+def stat_logger_factory(sink: LoadSink) -> Callable[..., Any]:
+    """A vLLM ``StatLoggerFactory`` whose loggers copy scheduler stats into ``sink``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _SinkLogger(StatLoggerBase):  # type: ignore[misc]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any = None,
+                   *args: Any, **kwargs: Any) -> None:
+            sink.observe(scheduler_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+        def log(self) -> None:
+            pass
+
+    return _SinkLogger
+
+
+def _default_llm_factory(settings: VLLMSettings, stat_loggers: list[Any]) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.async_engine_args()),
+                                     stat_loggers=stat_loggers)
+
+
+def map_error(exc: BaseException, usage: Usage | None) -> EngineError:
+    """vLLM's failures as the gateway's: a bad request is final, anything else retryable."""
+    chain = [exc, exc.__cause__] if exc.__cause__ is not None else [exc]
+    names = {type(e).__name__ for e in chain}
+    retryable = not (names & _FINAL_ERRORS)
+    if "EngineDeadError" in names:
+        message = "the vLLM engine died; the worker must restart"
+    else:
+        message = f"vLLM failed the request: {type(chain[-1]).__name__}: {chain[-1]}"
+    return EngineError(message, retryable=retryable, usage=usage)
+
+
+class _Stream:
+    __slots__ = ("done", "queue", "task")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[TokenDelta | EngineError] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+        self.done = False
+
+
+class VLLMEngine(Engine):
+    def __init__(
+        self,
+        settings: VLLMSettings,
+        catalog: AdapterCatalog | None = None,
+        llm_factory: Callable[[VLLMSettings, list[Any]], Any] | None = None,
+        stat_factory: Callable[[LoadSink], Any] | None = None,
+        converter: Callable[[GenerateCall], tuple[Any, Any, Any]] = to_vllm,
+    ) -> None:
+        # The factories and converter are vLLM's by default; tests of this module pass fakes.
+        self.settings = settings
+        self.catalog = catalog or AdapterCatalog()
+        # The gateway counts with the same files (no network at run time): admission and
+        # settlement agree with the engine on every count.
+        self._tok = load_tokenizer(settings.tokenizer_path or settings.model)
+        self._factory = llm_factory or _default_llm_factory
+        self._stat_factory = stat_factory or stat_logger_factory
+        self._convert = converter
+        self._llm: Any = None
+        self._sink = LoadSink()
+        self._kv_total = 0
+        self._streams: dict[str, _Stream] = {}
+
+    @property
+    def tokenizer(self) -> HFTokenizer:
+        return self._tok
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        loggers = [self._stat_factory(self._sink)]
+        # Loading weights and starting the engine core takes minutes and blocks: off the loop,
+        # so the host's heartbeats keep going meanwhile.
+        self._llm = await asyncio.to_thread(self._factory, self.settings, loggers)
+        cache = getattr(getattr(self._llm, "vllm_config", None), "cache_config", None)
+        blocks = getattr(cache, "num_gpu_blocks", None) or 0
+        self._kv_total = int(blocks) * int(getattr(cache, "block_size", 0) or 0)
+        await self._check_tokenizer()
+
+    async def _check_tokenizer(self) -> None:
+        get = getattr(self._llm, "get_tokenizer", None)
+        if get is None:
+            return
+        theirs = get()
+        if asyncio.iscoroutine(theirs):  # a coroutine in recent vLLM, a plain call before
+            theirs = await theirs
+        if theirs is None:  # skip_tokenizer_init: vLLM has none to compare
+            return
+        size = len(theirs) if hasattr(theirs, "__len__") else None
+        if size is not None and size != self._tok.vocab_size:
+            raise EngineError(
+                f"vLLM's tokenizer has {size} tokens, the gateway's {self._tok.vocab_size}: "
+                "point the model's tokenizer_path at the model's own files", retryable=False)
+
+    async def stop(self) -> None:
+        for rid in list(self._streams):
+            await self.abort(rid)
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            await asyncio.to_thread(llm.shutdown)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        call = build_generate_call(request, self.settings, self.catalog, self._tok.vocab_size)
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not running", retryable=True)
+        rid = request.request_id
+        if rid in self._streams:
+            raise EngineError(f"request {rid} is already running", retryable=False)
+        stream = self._streams[rid] = _Stream()
+        stream.task = asyncio.get_running_loop().create_task(self._pump(call, stream))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, EngineError):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            # Consumer closed or cancelled early: cancelling the pump makes vLLM abort.
+            if not stream.done and stream.task is not None:
+                stream.task.cancel()
+            self._streams.pop(rid, None)
+
+    async def _pump(self, call: GenerateCall, stream: _Stream) -> None:
+        n_prompt, cached, n_out = len(call.prompt["prompt_token_ids"]), 0, 0
+        try:
+            prompt, params, lora = self._convert(call)
+            agen = self._llm.generate(prompt, params, call.request_id, lora_request=lora,
+                                      priority=call.priority)
+            async for out in agen:
+                if out.prompt_token_ids is not None:
+                    n_prompt = len(out.prompt_token_ids)
+                cached = out.num_cached_tokens or cached
+                comp = out.outputs[0]
+                n_out += len(comp.token_ids)
+                reason = None
+                if out.finished:
+                    reason = _FINISH.get(comp.finish_reason or "stop")
+                    if reason is None:
+                        raise RuntimeError(f"finish reason {comp.finish_reason!r}")
+                usage = Usage(n_prompt, cached, n_out) if reason else None
+                stream.queue.put_nowait(TokenDelta(list(comp.token_ids), comp.text, reason, usage))
+                if reason:
+                    return
+            raise RuntimeError("vLLM ended the stream without a finish reason")
+        except asyncio.CancelledError:
+            stream.queue.put_nowait(
+                TokenDelta([], "", FinishReason.ABORT, Usage(n_prompt, cached, n_out)))
+            raise
+        except Exception as exc:
+            log.warning("vLLM request %s failed: %s", call.request_id, exc)
+            stream.queue.put_nowait(map_error(exc, Usage(n_prompt, cached, n_out)))
+        finally:
+            stream.done = True
+
+    async def abort(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None or stream.task is None or stream.done:
+            return
+        stream.task.cancel()
+        # Wait until vLLM has been told (its generate() awaits abort on cancellation).
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([stream.task])
+
+    def load(self) -> EngineLoad:
+        inflight = len(self._streams)
+        s = self._sink
+        # Stats arrive once per engine step; a request this worker has finished no longer
+        # counts, even before the next step's stats say so.
+        running = min(s.running, inflight) if s.seen else inflight
+        waiting = min(s.waiting, inflight - running) if s.seen else 0
+        return EngineLoad(
+            running=running, waiting=waiting, max_running=self.settings.max_num_seqs,
+            kv_tokens_used=int(s.kv_usage * self._kv_total), kv_tokens_total=self._kv_total,
+            extra={"kv_cache_usage": s.kv_usage},
+        )

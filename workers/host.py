@@ -1,0 +1,550 @@
+"""The engine host: one engine per Celery worker process, fed by the WFQ dispatcher.
+
+``celery -A gateway worker --engine-pool NAME`` adds ``EngineHostStep`` to the worker. It builds
+the pool's engine from its ``Pool`` row (``workers.engine.registry.build_engine``: a bad backend
+or setting fails the worker's start with a message naming the pool) and runs, on an asyncio
+loop in its own thread:
+
+- the dispatch loop: pulls the next request from the pool's WFQ only while the engine has a
+  free slot and KV room (``wfq.dispatch_many`` moves it atomically into this worker's in-flight
+  set), and otherwise waits in ``BLPOP`` on the pool's wake list (pushed by every enqueue) and
+  this worker's own (pushed when a slot frees), so it wakes at once without busy-polling;
+- one consumer task per running request, pumping engine deltas into the step batch; the
+  flusher writes each step's batch in one pipeline (``transport.StepBatch``), and a request's
+  settlement (with the engine's own usage) rides in the same pipeline after its last tokens;
+- the cancel subscriber (``cancel:{pool}``): aborts the engine sequence within one step;
+- heartbeats (``workers:{pool}``, every ``WORKER_HEARTBEAT_SECONDS``) with load and capacity;
+- the janitor (``workers.janitor``), as in every worker.
+
+Celery never carries a generation: the worker's Celery consumer only runs short tasks
+(``workers.tasks``), so a redelivered Celery message cannot re-run anything (ADR 0002).
+
+Warm shutdown (SIGTERM, or Celery's stop): stop dispatching, let the running sequences finish
+(up to ``drain_timeout_s``; what is still running then is aborted and ends with a retryable
+``worker_shutdown`` error, settled with the engine's counts), leave the pool, stop the engine.
+Requests still queued stay queued for the pool's other workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+
+from gateway import accounting
+from gateway.accounting import Status
+from gateway.lua import script
+from gateway.redis_conn import get_async_redis, key
+from workers import transport
+from workers.engine.base import Engine, EngineError, EngineRequest, FinishReason, TokenDelta
+from workers.engine.registry import EngineConfigError, build_engine
+
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 600.0
+WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    backend: str = "simulated"
+    backend_settings: dict[str, Any] = field(default_factory=dict)
+    max_sequences: int = 64
+    kv_cache_tokens: int = 381_000
+    kv_overcommit: float = 1.0
+    max_model_len: int = 8192
+    tokenizer_path: str = ""
+    model_id: str = ""  # ServedModel.engine_model_id
+    dedicated: bool = False
+
+    @classmethod
+    def load(cls, name: str) -> PoolSpec:
+        from tenants.models import Pool
+
+        pool = Pool.objects.select_related("model").filter(name=name).first()
+        if pool is None:
+            raise EngineConfigError(f"no pool named {name!r} (create it in the admin first)")
+        if not pool.enabled:
+            raise EngineConfigError(f"pool {name!r} is disabled")
+        return cls(name=pool.name, backend=pool.backend,
+                   backend_settings=dict(pool.backend_settings or {}),
+                   max_sequences=pool.max_sequences, kv_cache_tokens=pool.kv_cache_tokens,
+                   kv_overcommit=pool.kv_overcommit, max_model_len=pool.model.max_model_len,
+                   tokenizer_path=pool.model.tokenizer_path,
+                   model_id=pool.model.engine_model_id or "",
+                   dedicated=pool.dedicated_to_id is not None)
+
+
+def new_worker_id(pool: str) -> str:
+    return f"{pool}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class _Running:
+    rid: str
+    kv_tokens: int
+    started: bool = False  # the sequence was submitted to the engine
+    cancel_reason: str = ""
+    reaped: bool = False  # the janitor settled it already (this worker was declared dead)
+
+
+class EngineHost:
+    """Runs one engine for one pool on the current event loop (see the module docstring)."""
+
+    def __init__(self, spec: PoolSpec, engine: Engine, worker_id: str | None = None, *,
+                 heartbeat_s: float | None = None, dead_after_s: float | None = None,
+                 drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        self.spec = spec
+        self.engine = engine
+        self.worker_id = worker_id or new_worker_id(spec.name)
+        self.heartbeat_s = heartbeat_s or settings.WORKER_HEARTBEAT_SECONDS
+        self.dead_after_s = dead_after_s or settings.WORKER_DEAD_AFTER_SECONDS
+        self.drain_timeout_s = drain_timeout_s
+        self.running: dict[str, _Running] = {}
+        self.ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._batch = transport.StepBatch()
+        self._waiters: list[asyncio.Future[Any]] = []
+        self._flush_needed: asyncio.Event | None = None
+        self._slot_freed: asyncio.Event | None = None
+        self._redis: Any = None
+        self._wfq: Any = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def inflight(self) -> str:
+        return accounting.inflight_key(self.worker_id)
+
+    def _self_wake(self) -> str:
+        return key("wake", "worker", self.worker_id)
+
+    def request_stop(self) -> None:
+        """Thread-safe: begin the drain."""
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended: nothing to stop
+                self._loop.call_soon_threadsafe(self._stop.set)
+
+    async def run(self) -> None:
+        from workers.wfq import AsyncWfq
+
+        self._loop = asyncio.get_running_loop()
+        self._stop, self._flush_needed = asyncio.Event(), asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._redis = get_async_redis()
+        self._wfq = AsyncWfq(self._redis)
+        await self.engine.start()
+        await self._beat()  # registered before taking work, so a janitor can see us
+        background = [self._flusher(), self._cancel_listener(), self._heartbeats(),
+                      self._janitor()]
+        bg_tasks = [asyncio.create_task(c) for c in background]
+        dispatch = asyncio.create_task(self._dispatch_loop())
+        self.ready.set()
+        log.info("engine host %s serving pool %s", self.worker_id, self.spec.name)
+        try:
+            await self._stop.wait()
+        finally:
+            await self._drain(dispatch)
+            for task in bg_tasks:
+                task.cancel()
+            await asyncio.gather(*bg_tasks, return_exceptions=True)
+            await self.engine.stop()
+            await script("leave").run_async(self._redis, self._worker_keys(), [self.worker_id])
+            await self._redis.delete(self._self_wake())
+            log.info("engine host %s drained and left pool %s", self.worker_id, self.spec.name)
+
+    async def _drain(self, dispatch: asyncio.Task[None]) -> None:
+        self._draining = True
+        assert self._slot_freed is not None
+        self._slot_freed.set()  # a dispatch loop waiting for a free slot sees the drain
+        await self._wake_self("stop")
+        await asyncio.gather(dispatch, return_exceptions=True)
+        if self._tasks:
+            log.info("draining %d running sequences", len(self._tasks))
+            _, pending = await asyncio.wait(self._tasks, timeout=self.drain_timeout_s)
+            if pending:
+                for rid in list(self.running):
+                    await self.engine.abort(rid)
+                await asyncio.wait(pending, timeout=10)
+        await self._flush_once()
+
+    def _worker_keys(self) -> list[str]:
+        return [key("workers", self.spec.name), self.inflight,
+                key("worker", self.worker_id, "load")]
+
+    # -- dispatch -----------------------------------------------------------------------------
+
+    def _reserved_kv(self) -> int:
+        return sum(r.kv_tokens for r in self.running.values())
+
+    async def _dispatch_loop(self) -> None:
+        assert self._slot_freed is not None
+        while not self._draining:
+            free_slots = self.spec.max_sequences - len(self.running)
+            if free_slots <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            try:
+                items = await self._wfq.dispatch_many(
+                    self.spec.name, n=free_slots, free_slots=free_slots,
+                    free_kv_tokens=max(0, self.spec.kv_cache_tokens - self._reserved_kv()),
+                    overcommit=self.spec.kv_overcommit, worker_id=self.worker_id,
+                )
+            except Exception:
+                log.exception("dispatch failed")
+                await asyncio.sleep(WAKE_TIMEOUT_S)
+                continue
+            for item in items:
+                self._start(item.request_id, item.kv_tokens)
+            if not items:
+                await self._wait_for_work()
+
+    async def _wait_for_work(self) -> None:
+        # Blocks on a pool-wide list (new work) and this worker's own (a slot freed, or stop).
+        try:
+            await self._redis.blpop([transport.wake_key(self.spec.name), self._self_wake()],
+                                    timeout=WAKE_TIMEOUT_S)
+        except Exception:
+            log.exception("waiting for work failed")
+            await asyncio.sleep(WAKE_TIMEOUT_S)
+
+    def _start(self, rid: str, kv_tokens: int) -> None:
+        self.running[rid] = _Running(rid, kv_tokens)
+        task = asyncio.create_task(self._serve(rid), name=f"serve-{rid}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _freed(self, rid: str) -> None:
+        self.running.pop(rid, None)
+        assert self._slot_freed is not None
+        self._slot_freed.set()
+        task = asyncio.create_task(self._wake_self("slot"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _wake_self(self, why: str) -> None:
+        """Return the dispatch loop from BLPOP now; capped so unread wakes never pile up."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.lpush(self._self_wake(), why)
+        pipe.ltrim(self._self_wake(), 0, 1)
+        await pipe.execute()
+
+    # -- one request --------------------------------------------------------------------------
+
+    async def _serve(self, rid: str) -> None:
+        entry = self.running[rid]
+        try:
+            claim = await accounting.claim_async(rid, self.worker_id, client=self._redis)
+            if claim is None:  # settled while it was being dispatched (cancel, deadline)
+                await self._redis.srem(self.inflight, rid)
+                return
+            entry.cancel_reason = entry.cancel_reason or claim.cancel_reason
+            if entry.cancel_reason:
+                event = transport.finish_event(FinishReason.ABORT, _usage(0, 0, 0))
+                await self._settle(rid, Status.CANCELLED, FinishReason.ABORT, 0, 0, 0,
+                                   error_code=entry.cancel_reason, event=event)
+                return
+            await self._generate(entry, self._engine_request(rid, claim.payload))
+        except Exception:
+            log.exception("serving %s failed", rid)
+            await self._settle(rid, Status.ERROR, None, None, 0, None, error_code="worker_error",
+                               event=transport.error_event("worker_error", "The worker failed.",
+                                                           retryable=True))
+        finally:
+            self._freed(rid)
+
+    def _engine_request(self, rid: str, payload: dict[str, bytes]) -> EngineRequest:
+        from gateway.submission import unpack_prompt, unpack_sampling
+
+        return EngineRequest(
+            request_id=rid, prompt_token_ids=unpack_prompt(payload["prompt_ids"]),
+            sampling=unpack_sampling(payload["sampling"]),
+            cache_salt=payload["salt"].decode() if payload["salt"] else "",
+            priority=int(payload.get("priority") or 0),
+        )
+
+    async def _generate(self, entry: _Running, request: EngineRequest) -> None:
+        rid, first, last = entry.rid, True, None
+        entry.started = True
+        try:
+            async for delta in self.engine.generate(request):
+                if entry.cancel_reason and delta.finish_reason is None:
+                    await self.engine.abort(rid)  # a cancel that came before the engine had it
+                if delta.token_ids or delta.text:
+                    self._batch.add(rid, delta.text, len(delta.token_ids), first=first)
+                    first = False
+                    self._flush_soon()
+                if delta.finish_reason is not None:
+                    last = delta
+                    break
+        except EngineError as exc:
+            usage = getattr(exc, "usage", None)
+            await self._settle(
+                rid, Status.ERROR, FinishReason.ERROR,
+                usage.prompt_tokens if usage else None, usage.cached_prompt_tokens if usage else 0,
+                usage.output_tokens if usage else None, error_code="engine_error",
+                event=transport.error_event("engine_error", str(exc), retryable=exc.retryable),
+            )
+            return
+        if last is None:  # the engine ended the stream without a finish (it was stopped)
+            await self._settle(rid, Status.ERROR, None, None, 0, None, error_code="engine_stopped",
+                               event=transport.error_event("engine_stopped", "The engine stopped.",
+                                                           retryable=True))
+            return
+        await self._finish(entry, last)
+
+    async def _finish(self, entry: _Running, last: TokenDelta) -> None:
+        u = last.usage
+        prompt, cached, out = (u.prompt_tokens, u.cached_prompt_tokens, u.output_tokens) if u \
+            else (None, 0, None)
+        if last.finish_reason != FinishReason.ABORT:
+            status, code, event = Status.OK, None, transport.finish_event(
+                last.finish_reason or "stop", _usage(prompt or 0, out or 0, cached))
+        elif entry.cancel_reason:
+            status, code = Status.CANCELLED, entry.cancel_reason
+            event = transport.finish_event(FinishReason.ABORT,
+                                           _usage(prompt or 0, out or 0, cached))
+        else:  # aborted by the drain timeout
+            status, code = Status.ERROR, "worker_shutdown"
+            event = transport.error_event("worker_shutdown", "The worker shut down; retry.",
+                                          retryable=True)
+        await self._settle(entry.rid, status, last.finish_reason, prompt, cached, out,
+                           error_code=code, event=event)
+
+    async def _settle(self, rid: str, status: str, finish_reason: str | None,
+                      prompt: int | None, cached: int, output: int | None, *,
+                      error_code: str | None, event: dict[str, Any]) -> bool:
+        """Queue the settle behind this request's last tokens, in the next step's pipeline."""
+        keys, args = accounting.settle_call(
+            rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt,
+            cached_tokens=cached, output_tokens=output, error_code=error_code, event=event,
+            inflight=self.inflight,
+        )
+        assert self._loop is not None
+        waiter = self._loop.create_future()
+        self._batch.settle(rid, keys, args)
+        self._waiters.append(waiter)
+        self._flush_soon()
+        done = accounting.parse_settle(rid, await waiter)
+        if done is not None:
+            await accounting.correct_wfq_async(done)
+        return done is not None
+
+    # -- the step batch -----------------------------------------------------------------------
+
+    def _flush_soon(self) -> None:
+        assert self._flush_needed is not None
+        self._flush_needed.set()
+
+    async def _flusher(self) -> None:
+        assert self._flush_needed is not None
+        while not _cancelling():
+            await self._flush_needed.wait()
+            self._flush_needed.clear()
+            await asyncio.sleep(0)  # let every consumer woken by this engine step add its delta
+            await self._flush_once()
+
+    async def _flush_once(self) -> None:
+        batch, waiters = self._batch, self._waiters
+        self._batch, self._waiters = transport.StepBatch(), []
+        if not batch:
+            return
+        try:
+            replies = await batch.flush(self._redis, transport.RUNNING_STREAM_TTL_S)
+        except Exception as exc:
+            log.exception("writing a step batch failed")
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        for waiter, reply in zip(waiters, replies, strict=True):
+            if not waiter.done():
+                waiter.set_result(reply)
+
+    # -- cancel, heartbeats, janitor ----------------------------------------------------------
+
+    async def _cancel_listener(self) -> None:
+        while not _cancelling():
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(transport.cancel_channel(self.spec.name))
+                async for message in pubsub.listen():
+                    if _cancelling():
+                        return
+                    await self._on_cancel(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("cancel listener failed; resubscribing")
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _on_cancel(self, data: bytes | str) -> None:
+        text = data.decode() if isinstance(data, bytes) else data
+        rid, _, reason = text.partition("\t")
+        entry = self.running.get(rid)
+        if entry is None:
+            return  # another worker's request (every worker of the pool hears every cancel)
+        entry.cancel_reason = entry.cancel_reason or reason or "cancelled"
+        if entry.started:
+            await self.engine.abort(rid)
+
+    async def _heartbeats(self) -> None:
+        while not _cancelling():
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await self._beat()
+            except Exception:
+                log.exception("heartbeat failed")
+
+    async def _beat(self) -> None:
+        load = self.engine.load()
+        fields = {
+            "pool": self.spec.name, "running": load.running, "waiting": load.waiting,
+            "max_running": load.max_running, "kv_tokens_used": load.kv_tokens_used,
+            "kv_tokens_total": load.kv_tokens_total, "kv_tokens_reserved": self._reserved_kv(),
+            "in_flight": len(self.running), "draining": int(self._draining),
+        }
+        args: list[Any] = [self.worker_id, self.spec.name, max(10, int(self.dead_after_s * 3))]
+        for name, value in fields.items():
+            args += [name, value]
+        keys = [key("workers", self.spec.name), key("pools"),
+                key("worker", self.worker_id, "reaped"), key("worker", self.worker_id, "load")]
+        if not await script("heartbeat").run_async(self._redis, keys, args):
+            await self._rejoin()
+
+    async def _rejoin(self) -> None:
+        """The janitor declared this worker dead (it missed heartbeats) and settled its requests.
+
+        Abort them here too (their settle calls will find them settled) and come back under a
+        new id: a reaped id never returns (heartbeat.lua), so nothing is settled twice.
+        """
+        old = self.worker_id
+        self.worker_id = new_worker_id(self.spec.name)
+        log.error("worker %s was declared dead; aborting its requests, rejoining as %s",
+                  old, self.worker_id)
+        for rid, entry in list(self.running.items()):
+            entry.reaped = True
+            await self.engine.abort(rid)
+        await self._beat()
+
+    async def _janitor(self) -> None:
+        from workers import janitor
+
+        interval = max(self.heartbeat_s, self.dead_after_s / 4)
+        while not _cancelling():
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.to_thread(janitor.sweep)
+            except Exception:
+                log.exception("janitor sweep failed")
+
+
+def _cancelling() -> bool:
+    """True once this task was cancelled, even if a library swallowed the CancelledError
+    (redis-py can, mid-read); background loops test it so a drain never hangs on them."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
+            "total_tokens": prompt + completion}
+
+
+# -- Celery integration -----------------------------------------------------------------------
+
+
+class HostThread:
+    """Runs an EngineHost on its own event loop in a daemon thread."""
+
+    def __init__(self, host: EngineHost) -> None:
+        self.host = host
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="engine-host", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self.host.run())
+        except BaseException as exc:  # reported to the starter, which fails the worker
+            self.error = exc
+            log.exception("engine host stopped with an error")
+        finally:
+            self.host.ready.set()
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.thread.start()
+        if not self.host.ready.wait(timeout):
+            raise EngineConfigError("the engine host did not start in time")
+        if self.error is not None:
+            raise EngineConfigError(f"the engine host failed to start: {self.error}")
+
+    def stop(self, timeout: float | None = None) -> None:
+        self.host.request_stop()
+        self.thread.join(timeout)
+
+
+def install(app: Any) -> None:
+    """Add ``--engine-pool`` / ``--engine-worker-id`` and the host bootstep to a Celery app."""
+    import click
+    from celery import bootsteps
+    from celery.signals import worker_shutting_down
+
+    class EngineHostStep(bootsteps.StartStopStep):
+        """Hosts the pool's engine in this worker when ``--engine-pool`` is given."""
+
+        def __init__(self, parent: Any, engine_pool: str | None = None,
+                     engine_worker_id: str | None = None, **kwargs: Any) -> None:
+            super().__init__(parent, **kwargs)
+            self.pool_name = engine_pool
+            self.worker_id = engine_worker_id
+            self.runner: HostThread | None = None
+
+        def include_if(self, parent: Any) -> bool:
+            return bool(self.pool_name)
+
+        def start(self, parent: Any) -> None:
+            assert self.pool_name
+            spec = PoolSpec.load(self.pool_name)
+            host = EngineHost(spec, build_engine(spec), self.worker_id)
+            self.runner = HostThread(host)
+            self.runner.start()
+            # Celery stops its broker consumer before calling stop() here, which can take a
+            # second; begin the drain the moment shutdown starts, so no new work is taken.
+            worker_shutting_down.connect(self._begin_drain, weak=False)
+
+        def _begin_drain(self, **_: Any) -> None:
+            if self.runner is not None:
+                self.runner.host.request_stop()
+
+        def stop(self, parent: Any) -> None:
+            if self.runner is not None:
+                self.runner.stop(self.runner.host.drain_timeout_s + 30)
+                self.runner = None
+
+        def shutdown(self, parent: Any) -> None:
+            self.stop(parent)
+
+    app.user_options["worker"].add(click.Option(
+        ["--engine-pool"], default=None, help="Host the engine of this Pool (by name)."))
+    app.user_options["worker"].add(click.Option(
+        ["--engine-worker-id"], default=None, help="Worker id in Redis (default: generated)."))
+    app.steps["worker"].add(EngineHostStep)
+
+
+__all__ = ["EngineConfigError", "EngineHost", "PoolSpec", "build_engine", "install"]

@@ -1,0 +1,136 @@
+"""The janitor: ends requests nobody else will end. Runs in every worker; callable anywhere.
+
+Two sweeps, each made only of atomic, idempotent steps, so any number of janitors (one per
+worker, the gateway, a Celery beat task) can run at the same time:
+
+1. Dead workers. A worker whose heartbeat in ``workers:{pool}`` is older than
+   ``WORKER_DEAD_AFTER_SECONDS`` is marked reaped (``reap_mark.lua``: atomic with the heartbeat,
+   so a worker that beat in time is never reaped and a reaped one never beats again under that
+   id). Each request in its in-flight set then gets a retryable ``worker_lost`` error as its
+   stream's last entry and is settled for the tokens actually delivered, both in the one
+   ``settle.lua`` call that wins; the worker is forgotten once its in-flight set is empty.
+2. Overdue requests. Any request still unsettled past its ``deadlines`` score (admission + total
+   deadline + grace: the gateway that held it is gone, or nobody settled it) is flagged, removed
+   from its queue if still queued, settled as ``expired`` with a non-retryable
+   ``deadline_exceeded`` error, and a cancel is published in case a live worker still runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import redis
+from django.conf import settings
+
+from gateway import accounting
+from gateway.accounting import Status
+from gateway.lua import script
+from gateway.redis_conn import get_redis, key
+from workers import transport
+
+log = logging.getLogger(__name__)
+
+REAPED_MARK_TTL_S = 24 * 3600
+OVERDUE_BATCH = 200
+
+
+@dataclass
+class SweepReport:
+    dead_workers: list[str] = field(default_factory=list)
+    lost_requests: list[str] = field(default_factory=list)  # settled by this sweep
+    expired_requests: list[str] = field(default_factory=list)  # settled by this sweep
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"dead_workers": self.dead_workers, "lost_requests": self.lost_requests,
+                "expired_requests": self.expired_requests}
+
+
+def _redis_now(r: redis.Redis) -> float:
+    secs, micros = r.time()
+    return float(secs) + micros / 1e6
+
+
+def sweep(client: redis.Redis | None = None, *, now: float | None = None) -> SweepReport:
+    r = client or get_redis()
+    report = SweepReport()
+    reap_dead_workers(r, report)
+    settle_overdue(r, report, now=now)
+    if report.dead_workers or report.lost_requests or report.expired_requests:
+        log.warning("janitor: %s", report.as_dict())
+    return report
+
+
+def reap_dead_workers(r: redis.Redis, report: SweepReport | None = None) -> SweepReport:
+    report = report or SweepReport()
+    cutoff = _redis_now(r) - settings.WORKER_DEAD_AFTER_SECONDS
+    for raw_pool in r.smembers(key("pools")):
+        pool = raw_pool.decode()
+        for raw_wid in r.zrangebyscore(key("workers", pool), "-inf", cutoff):
+            wid = raw_wid.decode()
+            if reap_worker(r, pool, wid, report):
+                report.dead_workers.append(wid)
+    return report
+
+
+def reap_worker(r: redis.Redis, pool: str, wid: str, report: SweepReport) -> bool:
+    """Fail and settle every request of a dead worker; True once the worker is forgotten."""
+    marked = script("reap_mark").run(
+        r, [key("workers", pool), key("worker", wid, "reaped")],
+        [wid, settings.WORKER_DEAD_AFTER_SECONDS, REAPED_MARK_TTL_S],
+    )
+    if not marked:
+        return False  # it beat in time after all
+    inflight = accounting.inflight_key(wid)
+    for raw in r.smembers(inflight):
+        rid = raw.decode()
+        if fail_lost_request(r, rid, inflight):
+            report.lost_requests.append(rid)
+        r.srem(inflight, rid)  # settled now or before (or its state expired): not in flight
+    done = script("reap_finish").run(
+        r, [key("workers", pool), inflight, key("worker", wid, "load")], [wid])
+    return bool(done)
+
+
+def fail_lost_request(r: redis.Redis, rid: str, inflight: str) -> bool:
+    """End a request whose worker died: retryable error, billed for what was delivered."""
+    return accounting.settle(
+        rid, status=Status.ERROR, finish_reason=None, prompt_tokens=None, output_tokens=None,
+        error_code="worker_lost", inflight=inflight, client=r,
+        event=transport.error_event(
+            "worker_lost", "The model server handling this request stopped; please retry.",
+            retryable=True),
+    )
+
+
+def settle_overdue(r: redis.Redis, report: SweepReport | None = None, *,
+                   now: float | None = None) -> SweepReport:
+    report = report or SweepReport()
+    cutoff = _redis_now(r) if now is None else now
+    for raw in r.zrangebyscore(accounting.deadlines_key(), "-inf", cutoff, start=0,
+                               num=OVERDUE_BATCH):
+        rid = raw.decode()
+        if expire_request(r, rid, now=now):
+            report.expired_requests.append(rid)
+    return report
+
+
+def expire_request(r: redis.Redis, rid: str, *, now: float | None = None) -> bool:
+    from workers import wfq
+
+    found = accounting.mark_cancel(rid, "deadline_exceeded", client=r)
+    if found is None:  # settled (or its state is gone): only the zset entry is left
+        r.zrem(accounting.deadlines_key(), rid)
+        return False
+    state, pool, tenant = found
+    removed = state == "queued" and wfq.remove(pool, tenant, rid)
+    won = accounting.settle(
+        rid, status=Status.EXPIRED, prompt_tokens=0 if removed else None,
+        output_tokens=0 if removed else None, error_code="deadline_exceeded", now=now, client=r,
+        event=transport.error_event(
+            "deadline_exceeded", "The request passed its deadline and was cancelled.",
+            retryable=False),
+    )
+    if not removed:
+        transport.publish_cancel_sync(pool, rid, "deadline_exceeded")
+    return won
