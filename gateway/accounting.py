@@ -38,7 +38,7 @@ STREAM_TTL_AFTER_END = 300  # seconds a finished stream stays readable for Last-
 REQ_TTL_AFTER_END = 300  # seconds a settled req:{rid} stays, so late callers see "settled"
 DEADLINE_GRACE_S = 30.0  # the janitor's backstop settles a request this long after its deadline
 # Handed to the worker and deleted at claim; the prompt ids are content in transit.
-PAYLOAD_FIELDS = ("prompt_ids", "sampling", "salt", "priority")
+PAYLOAD_FIELDS = ("prompt_ids", "sampling", "salt", "priority", "adapter")
 
 
 class Status:

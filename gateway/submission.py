@@ -159,9 +159,9 @@ class Submission:
         code = "ttft_deadline_exceeded" if ttft else "deadline_exceeded"
         limit = self.ttft_deadline_s if ttft else self.total_deadline_s
         await self.cancel(code)
-        what = "the first token" if ttft else "the whole response"
+        what = "The first token did not arrive" if ttft else "The response did not finish"
         # A first-token timeout is congestion and may pass; a total timeout would recur.
-        return ErrorEvent(code, f"No {what} within {limit:g} s; the request was cancelled.",
+        return ErrorEvent(code, f"{what} within {limit:g} s; the request was cancelled.",
                           retryable=ttft)
 
     async def cancel(self, reason: str = "client_disconnect") -> None:
@@ -241,7 +241,7 @@ async def submit(
     *, tenant_id: int | str, key_id: int | str | None, weight: float, model: str, pool: str,
     prompt_token_ids: Sequence[int], sampling: SamplingParams, limits: AdmissionLimits,
     stream: bool, request_id: str | None = None, cache_salt: str | None = None,
-    priority: int = 0, now: float | None = None,
+    priority: int = 0, now: float | None = None, adapter: str | None = None,
 ) -> Submission | Rejection:
     """Admit and enqueue one tokenized request (see the module docstring).
 
@@ -263,7 +263,8 @@ async def submit(
         request_id=rid, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
-               "salt": cache_salt, "weight": repr(float(weight)), "priority": priority},
+               "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
+               "adapter": adapter or ""},
     )
     if not isinstance(result, Admitted):
         return Rejection(rid, result.reason, result.scope, result.retry_after, result.rate_limit,

@@ -541,3 +541,35 @@ def test_metrics_endpoint(live, redis_client) -> None:
     assert f'igw_rate_limited_total{{tenant="{slug}",model="{MODEL}",reason="too_large"}} 1' in text
     assert f'igw_pool_running_sequences{{pool="{POOL}"}}' in text
     assert f'igw_pool_kv_cache_usage_ratio{{pool="{POOL}"}}' in text
+
+
+def test_content_is_logged_encrypted_only_for_tenants_that_opted_in(live, redis_client):
+    from gateway.contentlog.models import ContentRecord
+    from gateway.contentlog.store import decrypt_record, drain_all
+
+    opted, plain_opted = tenant_key()
+    opted.tenant.content_logging = True
+    opted.tenant.save()
+    other, plain_other = tenant_key()
+    for plain in (plain_opted, plain_other):
+        client(live["url"], plain).chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=8)
+    streamed = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in client(live["url"], plain_opted).chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=8, stream=True)
+        if chunk.choices
+    )
+
+    def drained() -> list[ContentRecord] | None:
+        drain_all()
+        found = list(ContentRecord.objects.all())
+        return found if len(found) >= 2 else None
+
+    records = procs.wait_until(drained, 10, "two content records")
+    assert {r.tenant_id for r in records} == {opted.tenant_id}  # nothing of the other tenant
+    for record in records:
+        assert b"Say hello" not in bytes(record.ciphertext)  # sealed, not stored in the clear
+    opened = [decrypt_record(r) for r in records]
+    assert all(o["prompt"] == HELLO for o in opened)
+    assert streamed in [o["response"] for o in opened]

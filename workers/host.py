@@ -121,6 +121,7 @@ class EngineHost:
         self._slot_freed: asyncio.Event | None = None
         self._redis: Any = None
         self._wfq: Any = None
+        self._vocab: int | None = None  # the engine tokenizer's vocabulary size, read once
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -274,6 +275,9 @@ class EngineHost:
             sampling=unpack_sampling(payload["sampling"]),
             cache_salt=payload["salt"].decode() if payload["salt"] else "",
             priority=int(payload.get("priority") or 0),
+            # The tenant's LoRA adapter, if the request named one; the engine loads it only for
+            # a request carrying its owner's salt (workers.engine.adapters).
+            adapter=(payload.get("adapter") or b"").decode() or None,
         )
 
     async def _generate(self, entry: _Running, request: EngineRequest) -> None:
@@ -283,6 +287,17 @@ class EngineHost:
             async for delta in self.engine.generate(request):
                 if entry.cancel_reason and delta.finish_reason is None:
                     await self.engine.abort(rid)  # a cancel that came before the engine had it
+                if not self._valid_ids(delta.token_ids):
+                    # Garbage from the engine fails this request only; what reached the client
+                    # before is billed (output None = the delivered count), nothing after.
+                    await self.engine.abort(rid)
+                    await self._settle(
+                        rid, Status.ERROR, FinishReason.ERROR, None, 0, None,
+                        error_code="engine_invalid_output",
+                        event=transport.error_event(
+                            "engine_invalid_output", "The model server returned invalid "
+                            "output for this request; please retry.", retryable=True))
+                    return
                 if delta.token_ids or delta.text:
                     self._batch.add(rid, delta.text, len(delta.token_ids), first=first)
                     first = False
@@ -305,6 +320,13 @@ class EngineHost:
                                                            retryable=True))
             return
         await self._finish(entry, last)
+
+    def _valid_ids(self, ids: list[int]) -> bool:
+        if not ids:
+            return True
+        if self._vocab is None:
+            self._vocab = self.engine.tokenizer.vocab_size
+        return min(ids) >= 0 and max(ids) < self._vocab
 
     async def _finish(self, entry: _Running, last: TokenDelta) -> None:
         u = last.usage

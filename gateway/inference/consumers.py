@@ -35,8 +35,9 @@ from typing import Any
 import redis
 from asgiref.sync import sync_to_async
 from channels.generic.http import AsyncHttpConsumer
-from django.conf import settings
 
+from gateway.bodylimit import read_bounded_body
+from gateway.contentlog.store import aenqueue_content
 from gateway.env import env_float, env_str
 from gateway.inference import facade, idempotency, overload, sse
 from gateway.inference.admission import size_request, tokenize
@@ -44,7 +45,6 @@ from gateway.inference.errors import (
     ApiError,
     method_not_allowed,
     model_not_found,
-    payload_too_large,
     rate_limited,
     server_error,
     unavailable,
@@ -54,7 +54,7 @@ from gateway.inference.requests import InferenceRequest, Kind, load_json_object,
 from gateway.inference.responses import ChunkTemplate, completion_body, models_body
 from gateway.redis_conn import get_async_redis
 from metering import metrics
-from tenants.auth import AuthError, Principal, aauthenticate_scope
+from tenants.auth import AuthError, Principal, aauthenticate_scope_request
 
 log = logging.getLogger(__name__)
 
@@ -95,25 +95,10 @@ class ApiConsumer(AsyncHttpConsumer):
         watcher.cancel()
 
     async def _read_body(self, receive: Receive) -> bytes | None:
-        limit = settings.MAX_REQUEST_BYTES
         if self.scope["method"] not in self.methods:
             raise method_not_allowed(", ".join(self.methods))
-        declared = self.header(b"content-length")
-        if declared and (not declared.isdigit() or int(declared) > limit):
-            raise payload_too_large(limit)
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise payload_too_large(limit)
-            parts.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(parts)
+        # At most MAX_REQUEST_BYTES (413) within BODY_READ_TIMEOUT_S (408): gateway.bodylimit.
+        return await read_bounded_body(self.scope, receive)
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -202,7 +187,9 @@ class ApiConsumer(AsyncHttpConsumer):
 
     async def authenticate(self) -> Principal:
         try:
-            return await aauthenticate_scope(self.scope)
+            # An API key, else an OIDC bearer token, else a client certificate bound to a
+            # tenant (trusted only from configured proxies): the tenant comes from the credential.
+            return await aauthenticate_scope_request(self.scope)
         except AuthError as err:
             raise ApiError(err.status, err.message, type=err.type, code=err.code,
                            headers=err.headers) from None
@@ -272,6 +259,7 @@ class CompletionConsumer(ApiConsumer):
 
     async def handle(self, body: bytes) -> None:
         principal = await self.authenticate()
+        self.principal = principal
         data = load_json_object(body)
         req = parse_object(data, self.kind)
         resume = sse.parse_resume_id(self.header(b"last-event-id"))
@@ -313,7 +301,7 @@ class CompletionConsumer(ApiConsumer):
             request_id=self.request_id, principal=principal, pool=pool.name,
             model=req.model, prompt_token_ids=prompt_ids, max_tokens=max_tokens,
             temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop,
-            stream=req.stream, ignore_eos=req.ignore_eos,
+            stream=req.stream, ignore_eos=req.ignore_eos, adapter=pool.adapter,
         )
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
@@ -348,15 +336,32 @@ class CompletionConsumer(ApiConsumer):
                 pieces.append(event.text)
                 tokens += event.token_count
             elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
+                text = "".join(pieces)
                 answer = facade.dumps(completion_body(
                     req.kind, self.request_id, created_of(self.request_id), req.model,
-                    "".join(pieces),
-                    event.finish_reason, facade.usage_counts(event.usage)))
+                    text, event.finish_reason, facade.usage_counts(event.usage)))
                 await self.send_json(200, answer, headers)
+                await self.log_content(req, text)
                 return 200, answer
             else:
                 raise failure(event, tokens)
         raise unavailable("The stream ended without a result.")
+
+
+    async def log_content(self, req: InferenceRequest, response: str) -> None:
+        """Hand prompt and response to the encrypted content log, only for opted-in tenants.
+
+        After the answer is sent, so it never delays the client; the store encrypts under the
+        tenant's key, queues in Redis and never raises (gateway.contentlog.store).
+        """
+        principal = self.principal
+        if not principal.content_logging:
+            return
+        prompt: Any = list(req.messages) if req.kind == "chat" else req.prompt
+        if isinstance(prompt, tuple):
+            prompt = list(prompt)
+        await aenqueue_content(self.request_id, principal.tenant_id, prompt, response,
+                               opted_in=True)
 
 
 class ChatCompletionsConsumer(CompletionConsumer):
@@ -383,6 +388,11 @@ class Relay:
         self.id_prefix = consumer.request_id + sse.RESUME_SEPARATOR
         self.tokens = 0
         self.last_write = time.monotonic()
+        # Text is kept only for tenants that opted in to content logging (off by default).
+        principal = getattr(consumer, "principal", None)
+        self.pieces: list[str] | None = (
+            [] if principal is not None and principal.content_logging and not resumed else None
+        )
 
     async def run(self) -> None:
         ticker = asyncio.create_task(self._keepalive())
@@ -409,6 +419,8 @@ class Relay:
             if isinstance(event, facade.TokenEvent):
                 await self._begin()
                 self.tokens += event.token_count
+                if self.pieces is not None:
+                    self.pieces.append(event.text)
                 await self._write(sse.event(self.tpl.delta(event.text),
                                             self.id_prefix + event.event_id))
             elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
@@ -418,6 +430,8 @@ class Relay:
                 if self.req.include_usage:
                     await self._write(sse.event(self.tpl.usage(facade.usage_counts(event.usage))))
                 await self._write(sse.DONE, more=False)
+                if self.pieces is not None:
+                    await self.c.log_content(self.req, "".join(self.pieces))
                 return
             else:
                 raise failure(event, self.tokens)

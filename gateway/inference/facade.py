@@ -43,6 +43,7 @@ async def submit_request(
     *, request_id: str, principal: Principal, pool: str, model: str,
     prompt_token_ids: Sequence[int], max_tokens: int, temperature: float, top_p: float,
     seed: int | None, stop: tuple[str, ...], stream: bool, ignore_eos: bool = False,
+    adapter: str | None = None,
 ) -> Submission | Rejection:
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, ignore_eos=ignore_eos)
@@ -51,4 +52,5 @@ async def submit_request(
         tenant_id=principal.tenant_id, key_id=principal.key_id, weight=principal.tenant_weight,
         model=model, pool=pool, prompt_token_ids=prompt_token_ids, sampling=sampling,
         limits=limits, stream=stream, request_id=request_id, cache_salt=principal.cache_salt,
+        adapter=adapter,
     )

@@ -10,15 +10,18 @@ most every ``TTL`` seconds per process: routing is on every request's path, pool
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from gateway.inference.errors import model_not_found, unavailable
 from gateway.redis_conn import get_async_redis, key
+from workers.engine.adapters import AdapterCatalog, AdapterNotFound
 
+log = logging.getLogger(__name__)
 TTL = 2.0
 
 
@@ -37,6 +40,10 @@ class PoolInfo:
     dedicated_to: int | None
     model: ModelInfo
     max_sequences: int = 64
+    # The pool's LoRA adapters (tenant data: each serves only its owner) and, once routing
+    # picked one for a request, its public name.
+    adapters: AdapterCatalog = field(default_factory=AdapterCatalog, compare=False)
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,10 +67,23 @@ def _load_catalog() -> Catalog:
         for m in ServedModel.objects.all()
     }
     pools = tuple(
-        PoolInfo(p.name, p.region, p.dedicated_to_id, models[p.model.name], p.max_sequences)
+        PoolInfo(p.name, p.region, p.dedicated_to_id, models[p.model.name], p.max_sequences,
+                 _adapters(p))
         for p in Pool.objects.filter(enabled=True).select_related("model")
     )
     return Catalog(models, pools)
+
+
+def _adapters(pool: object) -> AdapterCatalog:
+    from workers.engine.registry import EngineConfigError, adapter_catalog
+
+    try:
+        return adapter_catalog(pool)
+    except EngineConfigError:
+        # A misconfigured adapter list must not take the pool's base model down with it; the
+        # worker refuses to start on the same error, which is where an operator sees it.
+        log.exception("ignoring the adapters of pool %s", getattr(pool, "name", pool))
+        return AdapterCatalog()
 
 
 async def catalog() -> Catalog:
@@ -128,14 +148,41 @@ async def pool_loads(pools: list[PoolInfo]) -> list[PoolLoad]:
     return out
 
 
+def eligible(cat: Catalog, tenant_id: int, region: str) -> list[PoolInfo]:
+    """Every pool that may serve this tenant: its dedicated pools and shared ones in its region."""
+    return [p for p in cat.pools
+            if p.dedicated_to == tenant_id or (p.dedicated_to is None and p.region == region)]
+
+
+def adapter_pools(cat: Catalog, name: str, tenant_id: int, region: str) -> list[PoolInfo]:
+    """Pools holding this tenant's adapter ``name``, marked with it. Another tenant's adapter
+    of that name is invisible: the result is empty, exactly as for an unknown model."""
+    found = []
+    for pool in eligible(cat, tenant_id, region):
+        try:
+            pool.adapters.resolve(name, tenant_id)
+        except AdapterNotFound:
+            continue
+        found.append(replace(pool, adapter=name))
+    return found
+
+
 async def choose_pool(model: str, tenant_id: int, region: str,
                       allowed: frozenset[str]) -> PoolInfo:
-    if allowed and model not in allowed:
-        raise model_not_found(model)
     cat = await catalog()
-    if model not in cat.models:
-        raise model_not_found(model)
-    pools = candidates(cat, model, tenant_id, region)
+    pools: list[PoolInfo]
+    if model in cat.models:
+        if allowed and model not in allowed:
+            raise model_not_found(model)
+        pools = candidates(cat, model, tenant_id, region)
+    else:
+        # Not a base model: one of this tenant's adapters, allowed when its base model is.
+        pools = [p for p in adapter_pools(cat, model, tenant_id, region)
+                 if not allowed or p.model.name in allowed]
+        if not pools:
+            raise model_not_found(model)
+        dedicated = [p for p in pools if p.dedicated_to == tenant_id]
+        pools = dedicated or pools
     if not pools:
         # The model exists but nothing serves it for this tenant right now: retry later.
         raise unavailable(f"No pool serves `{model}` in your region right now.", retry_after=5,
@@ -149,8 +196,9 @@ async def choose_pool(model: str, tenant_id: int, region: str,
 async def visible_models(tenant_id: int, region: str, allowed: frozenset[str]) -> list[ModelInfo]:
     """Models this key may call and some pool serves for its tenant, for GET /v1/models."""
     cat = await catalog()
-    names = {p.model.name for p in cat.pools
-             if p.dedicated_to == tenant_id or (p.dedicated_to is None and p.region == region)}
-    if allowed:
-        names &= allowed
-    return [cat.models[n] for n in sorted(names)]
+    pools = [p for p in eligible(cat, tenant_id, region) if not allowed or p.model.name in allowed]
+    found = {p.model.name: p.model for p in pools}
+    for pool in pools:  # the tenant's own adapters, and no one else's
+        for name in pool.adapters.visible_names(tenant_id):
+            found.setdefault(name, replace(pool.model, name=name))
+    return [found[n] for n in sorted(found)]
