@@ -165,8 +165,58 @@ class Result:
         return None if self.first_token is None else self.first_token - self.started
 
 
+class _SseClient(asyncio.Protocol):
+    """Reads one SSE response with no per-read coroutine (a protocol's callback, not a stream)."""
+
+    def __init__(self, out: Result, request: bytes, close_after_events: int | None,
+                 tally: list[int] | None = None) -> None:
+        self.out, self.request, self.close_after = out, request, close_after_events
+        self.tally = tally  # a shared [events] counter, sampled for throughput over time
+        self.head = b""  # response headers until they are complete
+        self.in_body = False
+        self.tail = b""
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_body:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head, data = self.head[:end], self.head[end + 4:]
+            self.in_body = True
+            lines = head.split(b"\r\n")
+            self.out.status = int(lines[0].split()[1])
+            for line in lines[1:]:
+                if line.lower().startswith(b"x-request-id:"):
+                    self.out.request_id = line.split(b":", 1)[1].strip().decode()
+            data = b"\n" + data  # so the first event's "id:" counts like the others
+        n = data.count(b"\nid: ")
+        if n and self.out.first_token is None:
+            self.out.first_token = time.perf_counter()
+        self.out.events += n
+        if self.tally is not None:
+            self.tally[0] += n
+        self.tail = (self.tail + data)[-4096:]
+        if self.close_after is not None and self.out.events >= self.close_after:
+            assert self.transport is not None
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and not self.out.error:
+            self.out.error = type(exc).__name__
+        if not self.done.done():
+            self.done.set_result(None)
+
+
 async def sse_post(url: str, api_key: str, body: dict[str, Any], *,
-                   close_after_events: int | None = None) -> Result:
+                   close_after_events: int | None = None, tally: list[int] | None = None
+                   ) -> Result:
     """POST a streaming request and read it to the end (or hang up after N token events)."""
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
@@ -174,32 +224,22 @@ async def sse_post(url: str, api_key: str, body: dict[str, Any], *,
             f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
     out = Result(started=time.perf_counter())
+    loop = asyncio.get_running_loop()
     try:
-        reader, writer = await asyncio.open_connection(host, int(port))
+        _, proto = await loop.create_connection(
+            lambda: _SseClient(out, head + payload, close_after_events, tally), host, int(port))
     except OSError as exc:
         out.error = type(exc).__name__
         return out
-    writer.write(head + payload)
-    tail = b""
     try:
-        status_line = await reader.readline()
-        out.status = int(status_line.split()[1])
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            if line.lower().startswith(b"x-request-id:"):
-                out.request_id = line.split(b":", 1)[1].strip().decode()
-        while chunk := await reader.read(65536):
-            n = chunk.count(b"\nid: ")
-            if n and out.first_token is None:
-                out.first_token = time.perf_counter()
-            out.events += n
-            tail = (tail + chunk)[-4096:]
-            if close_after_events is not None and out.events >= close_after_events:
-                break
-    except (OSError, ValueError, IndexError) as exc:
-        out.error = type(exc).__name__
+        await proto.done
     finally:
         out.ended = time.perf_counter()
-        writer.close()
+        if proto.transport is not None:
+            proto.transport.close()
+    if not out.status and not out.error:
+        out.error = "no_response"
+    tail = proto.tail
     found = _USAGE.findall(tail)
     if found:
         out.completion_tokens = int(found[-1])
@@ -207,6 +247,22 @@ async def sse_post(url: str, api_key: str, body: dict[str, Any], *,
         code = re.search(rb'"code": ?"([^"]*)"', tail[tail.rfind(b'{"error"'):])
         out.error = out.error or (code.group(1).decode() if code else "stream_error")
     return out
+
+
+def run_async(coro: Any) -> Any:
+    """``asyncio.run`` on uvloop when installed: the load generator shares the CPUs with what it
+    measures, so it should spend as little of them as it can."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def redis_cpu_seconds() -> float:
+    """CPU the Redis server has used so far (user + system), from INFO."""
+    info = get_redis().info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def stream_body(model: str, max_tokens: int, **extra: Any) -> dict[str, Any]:

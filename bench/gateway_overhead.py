@@ -27,6 +27,7 @@ from _http import (
     cpu_seconds,
     maybe_plot,
     percentile,
+    run_async,
     sse_post,
     stream_body,
 )
@@ -74,7 +75,7 @@ def main() -> None:
     rows = []
     with System(backend_settings=ZERO_DELAY, max_sequences=512,
                 tenants=[TenantSpec("bench", quota=QUOTA)]) as system:
-        asyncio.run(run_rate(system, 20, 1))  # warm up: tokenizer, connections, caches
+        run_async(run_rate(system, 20, 1))  # warm up: tokenizer, connections, caches
         for rate in rates:
             from gateway.redis_conn import get_redis, key
 
@@ -82,7 +83,7 @@ def main() -> None:
             gw, wk = system.gateway_pids[0], system.worker_procs[0].pid
             cpu0 = cpu_seconds(gw), cpu_seconds(wk)
             t0 = time.perf_counter()
-            results = asyncio.run(run_rate(system, rate, args.seconds))
+            results = run_async(run_rate(system, rate, args.seconds))
             wall = time.perf_counter() - t0
             cpu = [(cpu_seconds(p) - c) / len(results) * 1e3 for p, c in zip((gw, wk), cpu0,
                                                                             strict=True)]

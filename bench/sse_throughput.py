@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import os
 import statistics
 import threading
 import time
@@ -28,8 +30,11 @@ from typing import Any
 from _http import (
     System,
     TenantSpec,
+    cpu_seconds,
     maybe_plot,
+    redis_cpu_seconds,
     rss_mb,
+    run_async,
     sse_post,
     stream_body,
     summary_ms,
@@ -61,6 +66,81 @@ async def run(system: System, clients: int, tokens: int, ramp_s: float) -> list[
     return list(await asyncio.gather(*(one(i) for i in range(clients))))
 
 
+async def steady(system: System, clients: int, tokens: int, ramp_s: float,
+                 duration: float) -> tuple[list[Any], list[tuple[float, int]], float]:
+    """Closed loop: ``clients`` slots, each starting a new stream as soon as its last one ends,
+    for ``duration`` seconds. Returns the results, (time, events so far) samples, and t0."""
+    body = stream_body(system.model_name, tokens)
+    urls, api_key = system.urls, system.keys["bench"]
+    tally = [0]
+    t0 = time.perf_counter()
+    stop_at = t0 + duration
+
+    async def slot(i: int) -> list[Any]:
+        await asyncio.sleep(ramp_s * i / clients)
+        # The first stream of each slot is shorter by a different amount, so the slots do not
+        # all end and reconnect together: arrivals settle at clients / stream length per second.
+        first = stream_body(system.model_name, max(1, tokens * (i + 1) // clients))
+        done = [await sse_post(urls[i % len(urls)], api_key, first, tally=tally)]
+        while time.perf_counter() < stop_at:
+            done.append(await sse_post(urls[i % len(urls)], api_key, body, tally=tally))
+        return done
+
+    samples: list[tuple[float, int]] = []
+
+    async def sample() -> None:
+        while True:
+            samples.append((time.perf_counter() - t0, tally[0]))
+            await asyncio.sleep(0.5)
+
+    sampler = asyncio.create_task(sample())
+    slots = await asyncio.gather(*(slot(i) for i in range(clients)))
+    sampler.cancel()
+    return [r for done in slots for r in done], samples, t0
+
+
+def report_steady(args: argparse.Namespace, results: list[Any],
+                  samples: list[tuple[float, int]], t0: float) -> None:
+    """Throughput and TTFT once every slot is streaming (after the ramp and one stream length)."""
+    settle = args.ramp + 0.5 * args.tokens / args.per_stream  # arrivals spread out by then
+    window = [(t, n) for t, n in samples if settle <= t <= args.duration]
+    rate = ((window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+            if len(window) > 1 else float("nan"))
+    later = [r for r in results if r.started - t0 >= settle]
+    ttfts = [r.ttft for r in later if r.ttft is not None]
+    failed = [r for r in results if r.status != 200 or r.error]
+    print(f"\nsteady state: {args.clients} clients in a closed loop for {args.duration:.0f} s, "
+          f"{args.tokens} tokens each, engine {args.per_stream} tokens/s per stream")
+    print(f"{'streams done':<22}{len(results) - len(failed)} (failed {len(failed)})")
+    print(f"{'events/s (~tokens/s)':<22}{rate:,.0f}  from {settle:.0f} s to the end "
+          f"(target 33,333)")
+    print(f"{'TTFT after the ramp':<22}{summary_ms(ttfts)}  (p95 target < 2000 ms)")
+
+
+def ttft_split(results: list[Any], records: list[dict[str, Any]]) -> str:
+    """Client TTFT minus the serving core's part (admitted -> first token written, Redis clock):
+    what the gateway adds before admission (auth, tokenizing) and while relaying the token."""
+    by_id = {r["request_id"]: r for r in records}
+    gateway = []
+    for res in results:
+        rec = by_id.get(res.request_id)
+        if res.ttft is not None and rec and rec.get("first_token_at_ms"):
+            core = (rec["first_token_at_ms"] - rec["admitted_at_ms"]) / 1e3
+            gateway.append(res.ttft - core)
+    return summary_ms(gateway)
+
+
+def cpu_use(system: System) -> dict[str, float]:
+    """CPU seconds used so far by each part (all share the same cores)."""
+    times = os.times()
+    return {
+        "gateways": sum(cpu_seconds(p) for p in system.gateway_pids),
+        "worker": sum(cpu_seconds(p.pid) for p in system.worker_procs),
+        "redis": redis_cpu_seconds(),
+        "clients": times.user + times.system,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=1000)
@@ -69,6 +149,9 @@ def main() -> None:
     parser.add_argument("--ramp", type=float, default=1.0, help="seconds to open all streams")
     parser.add_argument("--gateways", type=int, default=1,
                         help="gateway processes sharing Redis (clients spread round-robin)")
+    parser.add_argument("--duration", type=float, default=0.0,
+                        help="steady state: keep --clients streams open for this many seconds "
+                             "(each slot starts a new stream when its last ends); 0 = one burst")
     parser.add_argument("--plot")
     args = parser.parse_args()
     engine = {"decode_tokens_per_s": args.per_stream, "pool_tokens_per_s": None,
@@ -76,16 +159,42 @@ def main() -> None:
     with System(backend_settings=engine, max_sequences=args.clients + 64,
                 kv_cache_tokens=args.clients * (args.tokens + 64) * 2,
                 tenants=[TenantSpec("bench", quota=QUOTA)], gateways=args.gateways) as system:
-        asyncio.run(run(system, 10, 5, 0.1))  # warm up
+        run_async(run(system, 10, 5, 0.1))  # warm up
         pid = system.gateway_pids[0]  # memory is reported for the first gateway
         idle_rss = rss_mb(pid)
         sampler = RssSampler(pid)
         sampler.start()
+        cpu0 = cpu_use(system)
         t0 = time.perf_counter()
-        results = asyncio.run(run(system, args.clients, args.tokens, args.ramp))
+        if args.duration:
+            results, samples, t_start = run_async(
+                steady(system, args.clients, args.tokens, args.ramp, args.duration))
+        else:
+            results = run_async(run(system, args.clients, args.tokens, args.ramp))
         wall = time.perf_counter() - t0
+        cpu = {k: (v - cpu0[k]) / wall for k, v in cpu_use(system).items()}
         sampler.stop.set()
         records = system.usage_records()
+    if args.duration:
+        report_steady(args, results, samples, t_start)
+        print(f"{'  gateway part':<22}{ttft_split(results, records)}")
+        peak = max((s[1] for s in sampler.samples), default=float("nan"))
+        print(f"{'gateway RSS':<22}idle {idle_rss:.0f} MB, peak {peak:.0f} MB "
+              f"(one of {args.gateways}; target < 400 MB)")
+        print(f"{'CPU (cores busy)':<22}" + "  ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+              + f"  total {sum(cpu.values()):.2f} of {os.cpu_count()}")
+
+        def draw_rate(plt: Any) -> Any:
+            fig, ax = plt.subplots()
+            pts = list(itertools.pairwise(samples))
+            ax.plot([b[0] for _, b in pts], [(b[1] - a[1]) / (b[0] - a[0]) for a, b in pts])
+            ax.axhline(33_333, linestyle="--", color="grey")
+            ax.set_xlabel("seconds")
+            ax.set_ylabel("SSE token events/s delivered")
+            return fig
+
+        maybe_plot(args.plot, draw_rate)
+        return
     ok = [r for r in results if r.status == 200 and not r.error]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     tokens = sum(r.completion_tokens for r in ok)
@@ -109,8 +218,17 @@ def main() -> None:
               if r.get("first_token_at_ms") and r.get("dispatched_at_ms")]
     print(f"  admitted->dispatch {summary_ms(waits)}")
     print(f"  dispatch->1st tok  {summary_ms(firsts)}")
+    print(f"  gateway's part     {ttft_split(ok, records)}")
+    engine = [r["completion_tokens"] / ((r["settled_at_ms"] - r["first_token_at_ms"]) / 1e3)
+              for r in records if r.get("first_token_at_ms") and r.get("settled_at_ms")
+              and r["settled_at_ms"] > r["first_token_at_ms"] and r.get("completion_tokens")]
+    if engine:
+        print(f"engine's own rate    median {statistics.median(engine):.1f} tokens/s per stream "
+              f"(first token to settle, Redis clock): what the relay could deliver at most")
     print(f"gateway RSS (one of {args.gateways}) idle {idle_rss:.0f} MB, peak {peak_rss:.0f} MB "
           f"(target < 400 MB)")
+    print("CPU (cores busy)     " + "  ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+          + f"  total {sum(cpu.values()):.2f} of {os.cpu_count()}")
 
     def draw(plt: Any) -> Any:
         fig, ax = plt.subplots()

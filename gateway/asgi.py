@@ -6,15 +6,16 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from gateway.bodylimit import BoundedBody  # noqa: E402
 from gateway.routing import inference_routes  # noqa: E402
 
 application = ProtocolTypeRouter(
-    {"http": URLRouter([*inference_routes(), re_path(r"", django_asgi_app)])}
+    {"http": URLRouter([*inference_routes(), re_path(r"", BoundedBody(django_asgi_app))])}
 )

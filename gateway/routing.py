@@ -2,6 +2,7 @@
 
 Kept apart from ``urls.py`` because these consumers stream and must not go through Django's
 request/response cycle. Anything else under ``/v1/`` answers an OpenAI-shaped 404.
+``/v1/openapi.json`` describes the API (``gateway.inference.openapi``).
 ``/metrics`` is Prometheus text (``metering.metrics``).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path, re_path
 
+from gateway.inference import openapi
 from gateway.inference.consumers import (
     ChatCompletionsConsumer,
     CompletionsConsumer,
@@ -24,6 +26,7 @@ def inference_routes() -> list[URLPattern]:
         path("v1/completions", CompletionsConsumer.as_asgi()),
         path("v1/models", ModelsConsumer.as_asgi()),
         re_path(r"^v1/models/(?P<model>[^/]+)$", ModelsConsumer.as_asgi()),
+        path("v1/openapi.json", openapi.consumer().as_asgi()),
         re_path(r"^v1/", NotFoundConsumer.as_asgi()),
         path("metrics", MetricsConsumer.as_asgi()),
     ]

@@ -43,6 +43,8 @@ if not API_KEY_PREFIX.isalnum() or not API_KEY_PREFIX.islower() or len(API_KEY_P
     raise ImproperSetting("API_KEY_PREFIX must be 1-8 lowercase letters or digits")
 # Seconds a gateway process may trust a cached credential; revocation also broadcasts.
 AUTH_CACHE_SECONDS = env_float("AUTH_CACHE_SECONDS", 1.0, minimum=0.0)
+# While the database is down, a principal verified this recently is still honoured (same epoch).
+AUTH_STALE_SECONDS = env_float("AUTH_STALE_SECONDS", 300.0, minimum=0.0)
 # Prefix-cache salts are HMAC(tenant) under this secret so tenants never share KV blocks.
 CACHE_SALT_SECRET = env_str("CACHE_SALT_SECRET", SECRET_KEY)
 
@@ -70,6 +72,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "gateway.dbguard.DatabaseUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -145,10 +148,16 @@ EXPORT_INLINE_MAX_ROWS = env_int("EXPORT_INLINE_MAX_ROWS", 5000, minimum=1)
 # Request bodies: the inference API accepts large prompts, but not unbounded ones.
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 4 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# The whole body must arrive within this many seconds of the headers (else 408), so a client
+# that trickles its body cannot hold a connection and a task forever (gateway.bodylimit).
+BODY_READ_TIMEOUT_S = env_float("BODY_READ_TIMEOUT_S", 30.0, minimum=0.1)
 
 # Serving: the simulated engine's pool and heartbeat timing.
 WORKER_HEARTBEAT_SECONDS = env_float("WORKER_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
 WORKER_DEAD_AFTER_SECONDS = env_float("WORKER_DEAD_AFTER_SECONDS", 5.0, minimum=0.2)
+# Gateway liveness (gateway.liveness): a dead gateway's unread requests are cancelled.
+GATEWAY_HEARTBEAT_SECONDS = env_float("GATEWAY_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
+GATEWAY_DEAD_AFTER_SECONDS = env_float("GATEWAY_DEAD_AFTER_SECONDS", 10.0, minimum=0.2)
 WFQ_INPUT_PRICE = env_float("WFQ_INPUT_PRICE", 1.0, minimum=0.0)
 WFQ_OUTPUT_PRICE = env_float("WFQ_OUTPUT_PRICE", 2.0, minimum=0.0)
 
@@ -193,6 +202,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Error answers (400/401/403/404/...) listed on every operation: gateway/api/schema.py.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "gateway.api.schema.add_error_responses"],
 }
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
@@ -204,6 +216,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # Beat runs the janitor, usage flush and content-log drain every few seconds; one line per
+    # task run would drown everything else at INFO.
+    "loggers": {
+        name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")
+    },
 }
 
 # --- Data protection and enterprise sign-in (issue 8; docs/adr/0004) --------------------------

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gateway import accounting
+from gateway import accounting, liveness
 from gateway.accounting import AdmissionLimits, Admitted, RateLimitInfo, Reason, Status
 from gateway.redis_conn import get_async_redis
 from workers import transport
@@ -132,6 +132,11 @@ class Submission:
         self.total_deadline_s = total_deadline_s
         self._started = started  # time.monotonic() at admission
         self._ended = False
+        self._sub: transport.Subscription | None = None
+
+    def pending(self) -> bool:
+        """Whether the next stream entry is already here (the relay then batches its write)."""
+        return self._sub is not None and self._sub.ready > 0
 
     async def events(self, last_event_id: str = "0-0") -> AsyncIterator[Event]:
         """Token events, then one FinishEvent or ErrorEvent. Resumable after ``last_event_id``.
@@ -141,10 +146,13 @@ class Submission:
         cancels the request (the engine aborts it; the worker bills the tokens it generated).
         """
         got_token = last_event_id != "0-0"
-        with transport.open_subscription(self.request_id, last_event_id) as sub:
+        first_by = self._started + self.ttft_deadline_s
+        end_by = self._started + self.total_deadline_s
+        with transport.open_subscription(self.request_id, last_event_id) as sub, \
+                liveness.holding(self.request_id):
+            self._sub = sub
             while True:
-                limit = self.total_deadline_s if got_token else self.ttft_deadline_s
-                entry = await sub.next(self._started + limit - time.monotonic())
+                entry = await sub.next_before(end_by if got_token else first_by)
                 if entry is None:
                     yield await self._expire(ttft=not got_token)
                     return

@@ -19,6 +19,13 @@ from sync and async code. Its price is one GET of a tiny key per request (~0.1-0
 cost of the round trips admission makes anyway), against a DB query (three on a miss) it saves.
 Revocation therefore takes effect on the next request in every process; the TTL is only a
 backstop for when Redis cannot be read.
+
+Database outage. When the lookup itself fails (the database is unreachable), a principal this
+process verified before is still used for ``AUTH_STALE_SECONDS`` (default 300) after it was
+loaded, but only under the current epoch: nothing can be revoked while the database is down
+(revoking writes to it), and a revocation made before the outage changed the epoch, so it still
+holds. Without such an entry, or when Redis cannot be read either (no epoch to check), the
+request fails closed with 503 ``auth_unavailable``.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from typing import Any
 import redis
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -83,6 +90,11 @@ class AuthError(Exception):
 
 def invalid_key() -> AuthError:
     return AuthError(401, "invalid_api_key", INVALID_KEY_MESSAGE)
+
+
+def auth_unavailable() -> AuthError:
+    return AuthError(503, "auth_unavailable",
+                     "Authentication is temporarily unavailable; please retry.", "server_error")
 
 
 def tenant_suspended() -> AuthError:
@@ -172,7 +184,10 @@ def authenticate(authorization: str | bytes | None) -> Principal:
     epoch = _read_epoch()
     principal = _cached(hashes, epoch)
     if principal is None:
-        found = _load(hashes, well_formed)
+        try:
+            found = _load(hashes, well_formed)
+        except DatabaseError:
+            return _admit(_stale(hashes, epoch))
         _store(found, epoch)
         principal = found[0] if found else None
     return _admit(principal)
@@ -184,7 +199,10 @@ async def aauthenticate(authorization: str | bytes | None) -> Principal:
     epoch = await _aread_epoch()
     principal = _cached(hashes, epoch)
     if principal is None:
-        found = await database_sync_to_async(_load)(hashes, well_formed)
+        try:
+            found = await database_sync_to_async(_load)(hashes, well_formed)
+        except DatabaseError:
+            return _admit(_stale(hashes, epoch))
         _store(found, epoch)
         principal = found[0] if found else None
     return _admit(principal)
@@ -281,6 +299,21 @@ def _cached(hashes: list[tuple[int, str]], epoch: bytes | None) -> Principal | N
         if entry and entry.epoch == epoch and now < entry.fresh_until:
             return entry.principal
     return None
+
+
+def _stale(hashes: list[tuple[int, str]], epoch: bytes | None) -> Principal:
+    """The database is down: a principal verified under this epoch, if not too old (see the
+    module docstring), else fail closed."""
+    log.warning("auth lookup failed (database unavailable); using cached principals only")
+    if epoch is None:
+        raise auth_unavailable()
+    now = time.monotonic()
+    for _, digest in hashes:
+        entry = _cache.get(digest)
+        loaded = entry.fresh_until - settings.AUTH_CACHE_SECONDS if entry else 0.0
+        if entry and entry.epoch == epoch and now - loaded < settings.AUTH_STALE_SECONDS:
+            return entry.principal
+    raise auth_unavailable()
 
 
 def _store(found: tuple[Principal, str] | None, epoch: bytes | None) -> None:

@@ -146,7 +146,8 @@ def start_uvicorn(
     """The ASGI gateway on a free port; returns (process, base URL)."""
     port = port or free_port()
     args = [sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", "127.0.0.1",
-            "--port", str(port), "--log-level", "warning"]
+            "--port", str(port), "--log-level", "warning",
+            "--http", "gateway.httpproto:BoundedHttpToolsProtocol"]  # header deadline
     return Proc(f"uvicorn-{port}", args, child_env(env)), f"http://127.0.0.1:{port}"
 
 

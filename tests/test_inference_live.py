@@ -550,7 +550,7 @@ def test_content_is_logged_encrypted_only_for_tenants_that_opted_in(live, redis_
     opted, plain_opted = tenant_key()
     opted.tenant.content_logging = True
     opted.tenant.save()
-    other, plain_other = tenant_key()
+    _other, plain_other = tenant_key()
     for plain in (plain_opted, plain_other):
         client(live["url"], plain).chat.completions.create(
             model=MODEL, messages=HELLO, max_tokens=8)

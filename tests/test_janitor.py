@@ -86,7 +86,7 @@ def test_dead_worker_requests_get_retryable_error_and_are_billed_for_delivered(r
         assert all(int(r.get(k)) == 0 for k in r.keys(key(pattern)))
     # Sweeping again changes nothing.
     assert janitor.sweep().as_dict() == {"dead_workers": [], "lost_requests": [],
-                                         "expired_requests": []}
+                                         "orphaned_requests": [], "expired_requests": []}
     assert r.llen(acc.usage_pending_key()) == 2
 
 
@@ -183,4 +183,4 @@ def test_the_celery_task_runs_the_same_sweep(redis_client):
 
     register(redis_client, "old", age=10)
     assert janitor_sweep() == {"dead_workers": ["old"], "lost_requests": [],
-                               "expired_requests": []}
+                               "orphaned_requests": [], "expired_requests": []}

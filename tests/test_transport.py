@@ -81,7 +81,10 @@ def test_one_reader_relays_many_requests_in_order(redis_client):
 
     async def main() -> list[list[str]]:
         readers = [asyncio.create_task(consume(rid)) for rid in rids]
-        await asyncio.sleep(0.05)
+        for _ in range(200):  # until the reader has connected (slower on a loaded machine)
+            await asyncio.sleep(0.01)
+            if transport.reader()._conn_id is not None:
+                break
         writer = asyncio.create_task(_write_steps(rids, 20))
         opened = relay_ids() - before
         got = await asyncio.wait_for(asyncio.gather(*readers), 30)
@@ -164,3 +167,52 @@ def test_cancel_is_published_on_the_pools_channel(redis_client):
 def test_terminal_entries_end_the_iteration(fields):
     assert transport.StreamEvent("1-0", fields).terminal
     assert not transport.StreamEvent("1-0", {"t": "a", "n": "1"}).terminal
+
+
+def test_a_burst_of_new_subscriptions_interrupts_the_read_once(redis_client):
+    """1,000 streams opening in a burst must not re-send a growing XREAD once per stream."""
+    rids = [f"burst{i}" for i in range(300)]
+    for rid in rids:
+        _admit(rid)
+
+    async def main() -> tuple[int, list[int]]:
+        idle = transport.open_subscription("idle")
+        await asyncio.sleep(0.3)  # the reader is blocked on one stream
+        before = transport.reader().reads
+        subs = [transport.open_subscription(rid) for rid in rids]  # no await in between
+        await asyncio.sleep(0.2)
+        reads = transport.reader().reads - before
+        await _write_steps(rids, 3)
+        got = [[(await s.next(10)).fields.get("t") for _ in range(3)] for s in subs]
+        for s in [idle, *subs]:
+            s.close()
+        return reads, [len([t for t in g if t]) for g in got]
+
+    reads, counts = arun(main())
+    assert reads <= 3  # one interrupted read, then one with every stream in it
+    assert counts == [3] * len(rids)
+
+
+def test_next_before_returns_none_at_the_deadline_and_events_before_it(redis_client):
+    _admit("dl")
+
+    async def main() -> tuple[float, str | None, float, object]:
+        sub = transport.open_subscription("dl")
+        start = time.monotonic()
+        none = await sub.next_before(start + 0.2)
+        waited = time.monotonic() - start
+        batch = StepBatch()
+        batch.add("dl", "é\n\"x\"", 1)
+        writer = asyncio.create_task(batch.flush(get_async_redis(), 60))
+        event = await sub.next_before(time.monotonic() + 5)  # a new, later deadline
+        await writer
+        zero = await sub.next(0)  # nothing queued and no time left: at once
+        sub.close()
+        return waited, event.fields["t"] if event else None, time.monotonic() - start, (
+            none, zero)
+
+    waited, text, total, nones = arun(main())
+    assert nones == (None, None)
+    assert 0.18 <= waited < 1.0
+    assert text == "é\n\"x\""  # the step script carries any text unchanged
+    assert total < 3.0

@@ -34,6 +34,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,10 @@ class _Running:
     started: bool = False  # the sequence was submitted to the engine
     cancel_reason: str = ""
     reaped: bool = False  # the janitor settled it already (this worker was declared dead)
+    # A step batch with its tokens could not be written (Redis down or restarted): the stream
+    # has a hole, so the request is aborted and ends with a retryable error; nothing more is
+    # written to its stream (after a restart that would recreate keys without a TTL).
+    broken: bool = False
 
 
 class EngineHost:
@@ -298,7 +303,7 @@ class EngineHost:
                             "engine_invalid_output", "The model server returned invalid "
                             "output for this request; please retry.", retryable=True))
                     return
-                if delta.token_ids or delta.text:
+                if (delta.token_ids or delta.text) and not entry.broken:
                     self._batch.add(rid, delta.text, len(delta.token_ids), first=first)
                     first = False
                     self._flush_soon()
@@ -332,7 +337,11 @@ class EngineHost:
         u = last.usage
         prompt, cached, out = (u.prompt_tokens, u.cached_prompt_tokens, u.output_tokens) if u \
             else (None, 0, None)
-        if last.finish_reason != FinishReason.ABORT:
+        if entry.broken:  # billed for what reached its stream (the delivered count)
+            status, code, out = Status.ERROR, "stream_broken", None
+            event = transport.error_event("stream_broken", "Part of the response was lost; "
+                                          "please retry.", retryable=True)
+        elif last.finish_reason != FinishReason.ABORT:
             status, code, event = Status.OK, None, transport.finish_event(
                 last.finish_reason or "stop", _usage(prompt or 0, out or 0, cached))
         elif entry.cancel_reason:
@@ -391,10 +400,21 @@ class EngineHost:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_exception(exc)
+            self._break(batch.tokens)
             return
         for waiter, reply in zip(waiters, replies, strict=True):
             if not waiter.done():
                 waiter.set_result(reply)
+
+    def _break(self, rids: Iterable[str]) -> None:
+        """These requests' tokens were lost in a failed write: abort them (see _Running)."""
+        for rid in rids:
+            entry = self.running.get(rid)
+            if entry is not None and not entry.broken:
+                entry.broken = True
+                task = asyncio.create_task(self.engine.abort(rid))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     # -- cancel, heartbeats, janitor ----------------------------------------------------------
 

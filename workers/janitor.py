@@ -9,7 +9,11 @@ worker, the gateway, a Celery beat task) can run at the same time:
    id). Each request in its in-flight set then gets a retryable ``worker_lost`` error as its
    stream's last entry and is settled for the tokens actually delivered, both in the one
    ``settle.lua`` call that wins; the worker is forgotten once its in-flight set is empty.
-2. Overdue requests. Any request still unsettled past its ``deadlines`` score (admission + total
+2. Dead gateways (``gateway.liveness``). A gateway process whose heartbeat in ``gateways`` is
+   older than ``GATEWAY_DEAD_AFTER_SECONDS`` is claimed by exactly one janitor (``ZREM``) and
+   each request it was relaying, unless a live gateway relays it now (a resumed stream), is
+   cancelled with reason ``gateway_lost``: nobody is left to read it.
+3. Overdue requests. Any request still unsettled past its ``deadlines`` score (admission + total
    deadline + grace: the gateway that held it is gone, or nobody settled it) is flagged, removed
    from its queue if still queued, settled as ``expired`` with a non-retryable
    ``deadline_exceeded`` error, and a cancel is published in case a live worker still runs it.
@@ -38,11 +42,13 @@ OVERDUE_BATCH = 200
 @dataclass
 class SweepReport:
     dead_workers: list[str] = field(default_factory=list)
+    orphaned_requests: list[str] = field(default_factory=list)  # cancelled: gateway gone
     lost_requests: list[str] = field(default_factory=list)  # settled by this sweep
     expired_requests: list[str] = field(default_factory=list)  # settled by this sweep
 
     def as_dict(self) -> dict[str, list[str]]:
         return {"dead_workers": self.dead_workers, "lost_requests": self.lost_requests,
+                "orphaned_requests": self.orphaned_requests,
                 "expired_requests": self.expired_requests}
 
 
@@ -55,8 +61,10 @@ def sweep(client: redis.Redis | None = None, *, now: float | None = None) -> Swe
     r = client or get_redis()
     report = SweepReport()
     reap_dead_workers(r, report)
+    reap_dead_gateways(r, report)
     settle_overdue(r, report, now=now)
-    if report.dead_workers or report.lost_requests or report.expired_requests:
+    if (report.dead_workers or report.lost_requests or report.expired_requests
+            or report.orphaned_requests):
         log.warning("janitor: %s", report.as_dict())
     return report
 
@@ -101,6 +109,44 @@ def fail_lost_request(r: redis.Redis, rid: str, inflight: str) -> bool:
             "worker_lost", "The model server handling this request stopped; please retry.",
             retryable=True),
     )
+
+
+def reap_dead_gateways(r: redis.Redis, report: SweepReport | None = None) -> SweepReport:
+    from gateway import liveness
+
+    report = report or SweepReport()
+    cutoff = _redis_now(r) - settings.GATEWAY_DEAD_AFTER_SECONDS
+    for raw_gid in r.zrangebyscore(liveness.gateways_key(), "-inf", cutoff):
+        gid = raw_gid.decode()
+        if not r.zrem(liveness.gateways_key(), gid):
+            continue  # another janitor claimed it
+        live = [g.decode() for g in r.zrange(liveness.gateways_key(), 0, -1)]
+        for raw in r.smembers(liveness.rids_key(gid)):
+            rid = raw.decode()
+            if any(r.sismember(liveness.rids_key(g), rid) for g in live):
+                continue  # resumed on a live gateway
+            if cancel_orphan(r, rid):
+                report.orphaned_requests.append(rid)
+        r.delete(liveness.rids_key(gid))
+    return report
+
+
+def cancel_orphan(r: redis.Redis, rid: str) -> bool:
+    """Cancel a request nobody reads any more, as a client hang-up would (see submission)."""
+    from workers import wfq
+
+    found = accounting.mark_cancel(rid, "gateway_lost", client=r)
+    if found is None:
+        return False  # already settled
+    state, pool, tenant = found
+    if state == "queued" and wfq.remove(pool, tenant, rid):
+        return accounting.settle(
+            rid, status=Status.CANCELLED, finish_reason="abort", prompt_tokens=0,
+            output_tokens=0, error_code="gateway_lost", client=r,
+            event=transport.finish_event("abort", {"prompt_tokens": 0, "completion_tokens": 0,
+                                                   "cached_tokens": 0, "total_tokens": 0}))
+    transport.publish_cancel_sync(pool, rid, "gateway_lost")
+    return True
 
 
 def settle_overdue(r: redis.Redis, report: SweepReport | None = None, *,

@@ -1,9 +1,12 @@
 """Token transport: worker -> one Redis stream per request -> the gateway holding the client.
 
 Writer (worker): every engine step, the deltas of all requests that produced tokens go out in ONE
-pipeline, one ``XADD stream:{rid}`` per request plus ``HINCRBY req:{rid} delivered n`` (the
-janitor bills a lost request for what was delivered). A stream's last entry is written by
-``settle.lua``, in the step that settles the request, so "final event" and "settled" are one.
+pipeline, whose first command is one ``relay_step.lua`` call doing ``XADD stream:{rid}`` plus
+``HINCRBY req:{rid} delivered n`` for each request (the janitor bills a lost request for what was
+delivered). One script rather than two commands per request: the worker packs and parses one
+reply per step, and the gateway's blocked XREAD wakes once per step with all of it. A stream's
+last entry is written by ``settle.lua``, in the step that settles the request, so "final event"
+and "settled" are one.
 
 Entry fields, short because there is one entry per request per step:
 
@@ -29,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +53,10 @@ RUNNING_STREAM_TTL_S = 2 * 3600
 READ_BLOCK_MS = 1000  # a blocked read is interrupted by new subscriptions; this is a backstop
 READ_COUNT = 512  # entries per stream per read
 RELAY_CLIENT_NAME = "igw-relay"  # CLIENT LIST shows one such connection per gateway loop
+# Redis unreachable this long: every open stream of the process ends with a retryable error
+# instead of waiting for its deadline (a client retries sooner than a total deadline).
+RELAY_OUTAGE_FAIL_S = 3.0
+LOST_EVENT_ID = "18446744073709551615-0"  # after any real entry id, so every consumer takes it
 
 
 def cancel_channel(pool: str) -> str:
@@ -88,13 +97,18 @@ class StepBatch:
         return bool(self.tokens or self.settles)
 
     def queue(self, pipe: Any, stream_ttl: int) -> None:
-        for rid, (texts, n) in self.tokens.items():
-            sk = stream_key(rid)
-            pipe.xadd(sk, {"t": "".join(texts), "n": n}, maxlen=STREAM_MAXLEN, approximate=True)
-            pipe.hincrby(req_key(rid), "delivered", n)
-            if rid in self.first:
+        if self.tokens:
+            # Every delta of the step in one script call (relay_step.lua: XADD + HINCRBY each).
+            keys: list[str] = []
+            args: list[Any] = [STREAM_MAXLEN]
+            for rid, (texts, n) in self.tokens.items():
+                keys += (stream_key(rid), req_key(rid))
+                args += ("".join(texts), n)
+            script("relay_step").queue(pipe, keys, args)
+        for rid in self.first:
+            if rid in self.tokens:
                 script("first_token").queue(pipe, [req_key(rid)], [])
-                pipe.expire(sk, stream_ttl)
+                pipe.expire(stream_key(rid), stream_ttl)
         for _rid, keys, args in self.settles:
             script("settle").queue(pipe, keys, args)
 
@@ -139,7 +153,7 @@ def publish_cancel_sync(pool: str, rid: str, reason: str = "cancelled") -> int:
 # -- reader (gateway) -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StreamEvent:
     id: str
     fields: dict[str, str]
@@ -154,33 +168,86 @@ def _id_tuple(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _bulk(value: str) -> bytes:
+    """One RESP bulk string (a command argument)."""
+    raw = value.encode()
+    return b"$%d\r\n%s\r\n" % (len(raw), raw)
+
+
 class Subscription:
-    """One consumer of one request's stream, fed by the process's reader."""
+    """One consumer of one request's stream, fed by the process's reader.
+
+    Hot path: one entry per request per engine step, so a wait costs one future and no task;
+    the deadline timer is armed once per deadline, not once per wait (``asyncio.wait_for`` made
+    a task and a timer for every token).
+    """
 
     def __init__(self, owner: StreamReader, rid: str, last_id: str) -> None:
         self._owner = owner
         self.rid = rid
         self.last_id = last_id
-        self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self._last = _id_tuple(last_id)
+        self._events: deque[StreamEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline: float | None = None
         self.done = False  # the terminal entry has been queued
 
-    def offer(self, event: StreamEvent) -> None:
-        if self.done or _id_tuple(event.id) <= _id_tuple(self.last_id):
+    def offer(self, event: StreamEvent, position: tuple[int, int]) -> None:
+        if self.done or position <= self._last:
             return  # an entry this consumer already has (several consumers share one read)
+        self._last = position
         self.last_id = event.id
-        self.queue.put_nowait(event)
+        self._events.append(event)
         self.done = event.terminal
+        self._wake()
+
+    @property
+    def ready(self) -> int:
+        """Entries queued and not yet taken: the caller can batch them into one write."""
+        return len(self._events)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_deadline = None, None
+        self._wake()
 
     async def next(self, timeout: float | None = None) -> StreamEvent | None:
         """The next entry, or None when ``timeout`` seconds pass first."""
-        if timeout is None:
-            return await self.queue.get()
-        try:
-            return await asyncio.wait_for(self.queue.get(), max(timeout, 0.0))
-        except TimeoutError:
-            return None
+        if self._events:
+            return self._events.popleft()
+        return await self.next_before(None if timeout is None else time.monotonic() + timeout)
+
+    async def next_before(self, deadline: float | None) -> StreamEvent | None:
+        """The next entry, or None once ``time.monotonic()`` reaches ``deadline`` first."""
+        while not self._events:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                if self._timer_deadline != deadline:
+                    self._arm(deadline, left)
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._events.popleft()
+
+    def _arm(self, deadline: float, left: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(left, self._on_timer)
+        self._timer_deadline = deadline
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._owner._remove(self)
 
     def __enter__(self) -> Subscription:
@@ -191,16 +258,30 @@ class Subscription:
 
 
 class StreamReader:
-    """The one multiplexed XREAD of an event loop, serving every subscription in it."""
+    """The one multiplexed XREAD of an event loop, serving every subscription in it.
+
+    Cost per read is what limits a process relaying ~1,000 streams: the command names every
+    open stream with its position. So the command is kept pre-encoded (one RESP chunk per key
+    and per position, re-encoded only for the streams that moved), it goes out and comes back
+    on a bare connection (hiredis decodes; no redis-py reply callbacks building dicts per
+    entry), and a burst of new subscriptions interrupts a blocked read once, not once each.
+    """
 
     def __init__(self) -> None:
         self._subs: dict[str, list[Subscription]] = {}  # stream key -> subscriptions
         self._positions: dict[str, str] = {}  # stream key -> id the next read starts after
+        # Pre-encoded command parts; both dicts always hold the same keys in the same order.
+        self._key_chunks: dict[str, bytes] = {}
+        self._id_chunks: dict[str, bytes] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._conn: aioredis.Redis | None = None
+        self._conn: Any = None  # a redis.asyncio Connection, used by this reader only
         self._conn_id: int | None = None
         self._blocked = False
+        self._unblocking = False  # a CLIENT UNBLOCK for the current read is on its way
+        self._down_since: float | None = None  # loop time of the first failed read
+        self.reads = 0  # XREAD round trips (diagnostics for the benchmarks)
+        self.entries = 0
 
     # public ---------------------------------------------------------------------------------
 
@@ -211,11 +292,13 @@ class StreamReader:
         self._subs.setdefault(sk, []).append(sub)
         current = self._positions.get(sk)
         if current is None or _id_tuple(last_id) < _id_tuple(current):
-            self._positions[sk] = last_id
+            self._set_position(sk, last_id)
         self._ensure_running()
         self._changed.set()
-        if self._blocked and self._conn_id is not None:
-            # Interrupt the blocked XREAD so this stream is read now, not after READ_BLOCK_MS.
+        if self._blocked and self._conn_id is not None and not self._unblocking:
+            # Interrupt the blocked XREAD so this stream is read now, not after READ_BLOCK_MS;
+            # every stream opened before that read is re-sent joins it too.
+            self._unblocking = True
             asyncio.get_running_loop().create_task(self._unblock())
         return sub
 
@@ -238,10 +321,15 @@ class StreamReader:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        if self._conn is not None:
-            await self._conn.aclose()
+        await self._drop_conn()
 
     # internals ------------------------------------------------------------------------------
+
+    def _set_position(self, sk: str, entry_id: str) -> None:
+        self._positions[sk] = entry_id
+        self._id_chunks[sk] = _bulk(entry_id)
+        if sk not in self._key_chunks:
+            self._key_chunks[sk] = _bulk(sk)
 
     def _remove(self, sub: Subscription) -> None:
         sk = stream_key(sub.rid)
@@ -251,6 +339,8 @@ class StreamReader:
         if not subs:
             self._subs.pop(sk, None)
             self._positions.pop(sk, None)
+            self._key_chunks.pop(sk, None)
+            self._id_chunks.pop(sk, None)
 
     async def _unblock(self) -> None:
         with contextlib.suppress(Exception):
@@ -260,22 +350,26 @@ class StreamReader:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="xread-relay")
 
-    async def _connect(self) -> aioredis.Redis:
-        # One connection (max_connections=1), so CLIENT ID names the one that runs XREAD.
+    async def _connect(self) -> Any:
         pool = aioredis.ConnectionPool.from_url(redis_url(), decode_responses=True,
-                                                max_connections=1, client_name=RELAY_CLIENT_NAME)
-        conn = aioredis.Redis(connection_pool=pool)
-        self._conn_id = int(await conn.client_id())
+                                                client_name=RELAY_CLIENT_NAME)
+        conn = pool.connection_class(**pool.connection_kwargs)
+        await conn.connect()
+        await conn.send_command("CLIENT", "ID")
+        self._conn_id = int(await conn.read_response())
         return conn
+
+    async def _drop_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
 
     async def _run(self) -> None:
         try:
             await self._serve()
         finally:  # the loop is ending (process shutdown): give the connection back at once
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    await self._conn.aclose()
-                self._conn = None
+            await self._drop_conn()
 
     async def _serve(self) -> None:
         backoff = 0.05
@@ -287,41 +381,87 @@ class StreamReader:
             try:
                 if self._conn is None:
                     self._conn = await self._connect()
+                    if self._down_since is not None:
+                        await self._fail_lost(self._conn)
                 await self._read_once(self._conn)
                 backoff = 0.05
+                self._down_since = None
             except asyncio.CancelledError:
                 raise
             except Exception:
                 if task is not None and task.cancelling():
                     raise asyncio.CancelledError() from None
                 log.exception("stream relay read failed; reconnecting")
-                if self._conn is not None:
-                    with contextlib.suppress(Exception):
-                        await self._conn.aclose()
-                self._conn = None
+                now = asyncio.get_running_loop().time()
+                self._down_since = self._down_since or now
+                if now - self._down_since >= RELAY_OUTAGE_FAIL_S:
+                    self._fail(list(self._subs), "service_unavailable",
+                               "The service lost its state store; please retry.")
+                await self._drop_conn()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    async def _read_once(self, conn: aioredis.Redis) -> None:
+    def _fail(self, stream_keys: list[str], code: str, message: str) -> None:
+        """End these streams' consumers with a retryable error (their stream is gone)."""
+        event = StreamEvent(LOST_EVENT_ID, {"e": code, "m": message, "r": "1"})
+        position = _id_tuple(LOST_EVENT_ID)
+        for sk in stream_keys:
+            for sub in list(self._subs.get(sk, [])):
+                sub.offer(event, position)
+
+    async def _fail_lost(self, conn: Any) -> None:
+        """After a reconnect: a request whose state is gone (Redis restarted empty) will never
+        get another entry, so its consumers end now rather than at their deadline."""
+        stream_keys = list(self._subs)
+        lost = []
+        for sk in stream_keys:
+            await conn.send_command("EXISTS", req_key(self._subs[sk][0].rid))
+            if not int(await conn.read_response()):
+                lost.append(sk)
+        self._fail(lost, "state_lost", "The service restarted and lost this request; retry.")
+
+    def _command(self) -> bytes:
+        n = len(self._key_chunks)
+        return b"".join((
+            b"*%d\r\n$5\r\nXREAD\r\n$5\r\nCOUNT\r\n%s$5\r\nBLOCK\r\n%s$7\r\nSTREAMS\r\n"
+            % (2 * n + 6, _bulk(str(READ_COUNT)), _bulk(str(READ_BLOCK_MS))),
+            *self._key_chunks.values(), *self._id_chunks.values()))
+
+    async def _read_once(self, conn: Any) -> None:
         if not self._positions:
             self._changed.clear()
             await self._changed.wait()
             return
-        streams = dict(self._positions)
+        command = self._command()
         self._blocked = True
         try:
-            reply = await conn.xread(streams, count=READ_COUNT, block=READ_BLOCK_MS)
+            await conn.send_packed_command(command, check_health=False)
+            reply = await conn.read_response()
         finally:
             self._blocked = False
-        for sk, entries in reply or []:
-            subs = self._subs.get(sk)
-            if not subs:
-                continue
-            for entry_id, fields in entries:
-                event = StreamEvent(entry_id, fields)
-                for sub in subs:
-                    sub.offer(event)
-            self._positions[sk] = entries[-1][0]
+            self._unblocking = False
+        self.reads += 1
+        if isinstance(reply, Exception):
+            raise reply
+        if not reply:
+            return
+        # RESP3 (redis-py's default protocol since 8) answers a map; RESP2 a list of pairs.
+        for sk, entries in reply.items() if isinstance(reply, dict) else reply:
+            self._dispatch(sk, entries)
+
+    def _dispatch(self, sk: str, entries: list[Any]) -> None:
+        subs = self._subs.get(sk)
+        if not subs:
+            return
+        self.entries += len(entries)
+        for entry_id, flat in entries:
+            pairs = iter(flat or ())
+            fields = dict(zip(pairs, pairs))  # noqa: B905 - [f1, v1, f2, v2, ...]
+            event = StreamEvent(entry_id, fields)
+            position = _id_tuple(entry_id)
+            for sub in subs:
+                sub.offer(event, position)
+        self._set_position(sk, entries[-1][0])
 
 
 _readers: dict[int, tuple[asyncio.AbstractEventLoop, StreamReader]] = {}

@@ -25,7 +25,7 @@ class ApiKeySerializer(serializers.ModelSerializer):
     allowed_models = serializers.SlugRelatedField(
         many=True, slug_field="name", queryset=ServedModel.objects.all(), required=False
     )
-    created_by = serializers.StringRelatedField()
+    created_by = serializers.StringRelatedField(allow_null=True)  # None: made by a token
 
     class Meta:
         model = ApiKey
@@ -78,7 +78,9 @@ class MembershipSerializer(serializers.ModelSerializer):
     def create(self, validated: dict[str, Any]) -> Membership:
         from gateway.portal.membership import add
 
-        return add(self.context["tenant"], validated["user"]["username"], validated["role"])
+        # ``role`` is optional (the model's default): absent, it was a KeyError and a 500.
+        role = validated.get("role", Membership._meta.get_field("role").default)
+        return add(self.context["tenant"], validated["user"]["username"], role)
 
 
 class QuotaSerializer(serializers.ModelSerializer):
@@ -189,7 +191,8 @@ class PriceSerializer(serializers.ModelSerializer):
 
 class ContentLoggingChangeSerializer(serializers.Serializer):
     enabled = serializers.BooleanField()
-    changed_by = serializers.StringRelatedField()
+    # None when a management token (no user) made the change.
+    changed_by = serializers.StringRelatedField(allow_null=True)
     changed_at = serializers.DateTimeField()
 
 

@@ -1,4 +1,6 @@
-from django.urls import include, path
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path, re_path
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter, SimpleRouter
 
@@ -22,6 +24,13 @@ scoped.register("exports", views.ExportJobViewSet, basename="export")
 scoped.register("alerts", views.SpendAlertViewSet, basename="alert")
 scoped.register("content-logging", views.ContentLoggingViewSet, basename="content-logging")
 
+@csrf_exempt  # it changes nothing; a CSRF 403 page would hide the 404
+def not_found(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"error": {"message": f"Unknown URL: {request.method} {request.path}",
+                                   "type": "not_found_error", "param": None,
+                                   "code": "not_found"}}, status=404)
+
+
 app_name = "api"
 
 urlpatterns = [
@@ -30,4 +39,8 @@ urlpatterns = [
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
     path("tenants/<slug:tenant>/", include(scoped.urls)),
     path("", include(platform.urls)),
+    # Anything else under /api/ (an id the router's pattern refuses, a typo) answers the same
+    # JSON error shape as the views, not Django's HTML page.
+    re_path(r"", not_found),
 ]
+

@@ -20,12 +20,15 @@ that entry, for as long as the stream is kept (``accounting.STREAM_TTL_AFTER_END
 end). A disconnect cancels the generation, so a resumed stream ends where generation stopped;
 resuming a finished stream replays the rest of it, [DONE] included.
 
-Settings (environment): ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open).
+Settings (environment): ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open to
+loopback clients only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import logging
 import secrets
 import time
@@ -114,7 +117,10 @@ class ApiConsumer(AsyncHttpConsumer):
         except Exception:
             log.exception("disconnect handling failed for %s", self.request_id)
         try:
-            await asyncio.wait_for(asyncio.shield(handler), CANCEL_GRACE_S)
+            if getattr(self, "finish_detached", False):
+                await asyncio.shield(handler)  # ends by the request's own total deadline
+            else:
+                await asyncio.wait_for(asyncio.shield(handler), CANCEL_GRACE_S)
         except TimeoutError:
             handler.cancel()
         except Exception:
@@ -221,19 +227,36 @@ class MetricsConsumer(ApiConsumer):
     """GET /metrics: Prometheus text, the same from every process (``metering.metrics``).
 
     Set METRICS_TOKEN to require ``Authorization: Bearer <token>``: the labels name tenants.
+    Without it only clients on this host (loopback, Unix socket) may read it.
     """
 
     methods = ("GET",)
 
     async def handle(self, body: bytes) -> None:
-        if METRICS_TOKEN and self.header(b"authorization") != f"Bearer {METRICS_TOKEN}":
-            raise ApiError(401, "A valid metrics token is required.", code="invalid_api_key",
-                           headers={"www-authenticate": "Bearer"})
+        if METRICS_TOKEN:
+            given = (self.header(b"authorization") or "").encode("latin-1")
+            if not hmac.compare_digest(given, f"Bearer {METRICS_TOKEN}".encode()):
+                raise ApiError(401, "A valid metrics token is required.", code="invalid_api_key",
+                               headers={"www-authenticate": "Bearer"})
+        elif not _from_this_host(self.scope):
+            # The labels name every tenant: without a token only this host may read them.
+            raise ApiError(403, "Set METRICS_TOKEN to read /metrics from another host.",
+                           type="permission_error", code="metrics_local_only")
         text = await sync_to_async(metrics.render, thread_sensitive=False)()
         payload = text.encode()
         await self.start(200, {}, [(b"content-type", b"text/plain; version=0.0.4"),
                                    (b"content-length", b"%d" % len(payload))])
         await self.write(payload, more=False)
+
+
+def _from_this_host(scope: Mapping[str, Any]) -> bool:
+    client = scope.get("client")
+    if not client:  # a Unix socket: only local processes can connect
+        return True
+    try:
+        return ipaddress.ip_address(client[0]).is_loopback
+    except ValueError:
+        return False
 
 
 class NotFoundConsumer(ApiConsumer):
@@ -251,10 +274,14 @@ class CompletionConsumer(ApiConsumer):
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         self.submission: facade.Submission | None = None
+        # Holds an Idempotency-Key claim: a client that hangs up (a timeout) will retry with
+        # the key, so the request runs on and its answer is stored for the retry to replay,
+        # instead of being cancelled and run (and paid) again.
+        self.finish_detached = False
         await super().__call__(scope, receive, send)
 
     async def on_disconnect(self) -> None:
-        if self.submission is not None:
+        if self.submission is not None and not self.finish_detached:
             await self.submission.cancel("client_disconnect")
 
     async def handle(self, body: bytes) -> None:
@@ -275,6 +302,7 @@ class CompletionConsumer(ApiConsumer):
         if isinstance(claim, idempotency.Replay):
             await self.send_json(claim.status, claim.body, {"idempotent-replayed": "true"})
             return
+        self.finish_detached = claim is not None
         try:
             status, answer = await self._serve(principal, req, pool, sized.prompt_token_ids,
                                                sized.max_tokens)
@@ -386,8 +414,15 @@ class Relay:
         self.tpl = ChunkTemplate(req.kind, consumer.request_id,
                                  created_of(consumer.request_id), req.model, req.include_usage)
         self.id_prefix = consumer.request_id + sse.RESUME_SEPARATOR
+        self._id_head = b"id: " + self.id_prefix.encode()
         self.tokens = 0
         self.last_write = time.monotonic()
+        # Events already here are joined into one write: under load the relay falls behind by
+        # a step or two, and one send per event (uvicorn's send, a syscall) is what it costs.
+        self._buf: list[bytes] = []
+        submission = consumer.submission
+        self._pending: Callable[[], bool] = (
+            submission.pending if submission is not None else lambda: False)
         # Text is kept only for tenants that opted in to content logging (off by default).
         principal = getattr(consumer, "principal", None)
         self.pieces: list[str] | None = (
@@ -417,25 +452,37 @@ class Relay:
             if self.c.disconnected.is_set():
                 return
             if isinstance(event, facade.TokenEvent):
-                await self._begin()
+                if not self.c.started:
+                    await self._begin()
                 self.tokens += event.token_count
                 if self.pieces is not None:
                     self.pieces.append(event.text)
-                await self._write(sse.event(self.tpl.delta(event.text),
-                                            self.id_prefix + event.event_id))
+                self._buf.append(b"%s%s\ndata: %s\n\n" % (
+                    self._id_head, event.event_id.encode(), self.tpl.delta(event.text)))
+                if not self._pending():
+                    await self._flush()
             elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
                 await self._begin()
-                await self._write(sse.event(self.tpl.finish(event.finish_reason),
-                                            self.id_prefix + event.event_id))
+                self._buf.append(sse.event(self.tpl.finish(event.finish_reason),
+                                           self.id_prefix + event.event_id))
                 if self.req.include_usage:
-                    await self._write(sse.event(self.tpl.usage(facade.usage_counts(event.usage))))
-                await self._write(sse.DONE, more=False)
+                    self._buf.append(sse.event(self.tpl.usage(facade.usage_counts(event.usage))))
+                self._buf.append(sse.DONE)
+                await self._flush(more=False)
                 if self.pieces is not None:
                     await self.c.log_content(self.req, "".join(self.pieces))
                 return
             else:
+                await self._flush()  # the tokens before the error event
                 raise failure(event, self.tokens)
+        await self._flush()
         raise unavailable("The stream ended without a result.")
+
+    async def _flush(self, *, more: bool = True) -> None:
+        if self._buf or not more:
+            data = b"".join(self._buf)
+            self._buf.clear()
+            await self._write(data, more=more)
 
     async def _keepalive(self) -> None:
         while True:

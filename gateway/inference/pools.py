@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
 from gateway.inference.errors import model_not_found, unavailable
 from gateway.redis_conn import get_async_redis, key
@@ -90,7 +91,15 @@ async def catalog() -> Catalog:
     global _cache
     now = time.monotonic()
     if _cache is None or now - _cache[0] > TTL:
-        _cache = (now, await sync_to_async(_load_catalog, thread_sensitive=False)())
+        try:
+            _cache = (now, await sync_to_async(_load_catalog, thread_sensitive=False)())
+        except DatabaseError:
+            # The database is down: route with the table we have (pools change rarely, and
+            # inference must outlive a database outage); retry the read after another TTL.
+            if _cache is None:
+                raise unavailable("The service is temporarily unavailable.") from None
+            log.warning("pool table unreadable (database unavailable); using the cached one")
+            _cache = (now, _cache[1])
     return _cache[1]
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from gateway.inference.requests import Kind
 
+_escape = json.encoder.encode_basestring_ascii  # the C escaper json.dumps uses for a str
+
 
 @dataclass(frozen=True)
 class UsageCounts:
@@ -82,7 +84,8 @@ class ChunkTemplate:
             self._text_suffix = b',"logprobs":null,"finish_reason":null}]' + self._tail
 
     def delta(self, text: str) -> bytes:
-        return self._text_prefix + json.dumps(text).encode() + self._text_suffix
+        # What json.dumps(text) returns, without its argument handling (once per token).
+        return b"%s%s%s" % (self._text_prefix, _escape(text).encode(), self._text_suffix)
 
     def role(self) -> bytes:
         """The chat stream's first chunk: the assistant role with empty content, as OpenAI does."""

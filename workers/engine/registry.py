@@ -28,7 +28,7 @@ SIM_KEYS: dict[str, Any] = {
     "decode_tokens_per_s": NUM, "pool_tokens_per_s": (*NUM, type(None)),
     "prefill_tokens_per_s": NUM, "prefill_chunk_tokens": int, "step_overhead_s": NUM,
     "block_size": int, "seed": int, "enable_prefix_caching": bool, "kv_watermark": NUM,
-    "fail_request_ids": list,
+    "fail_request_ids": list, "faults": list,
 }
 VLLM_KEYS: dict[str, Any] = {
     "model": str, "tokenizer_path": str, "gpu_memory_utilization": NUM,
@@ -155,10 +155,34 @@ def _simulated(spec: EngineSpec, clock: Any) -> Engine:
     extra = {k: v for k, v in spec.backend_settings.items() if k in SIM_KEYS}
     if "fail_request_ids" in extra:
         extra["fail_request_ids"] = frozenset(extra["fail_request_ids"])
+    if "faults" in extra:
+        extra["faults"] = fault_rules(extra["faults"])
     config = SimConfig(max_running_seqs=spec.max_sequences, kv_cache_tokens=spec.kv_cache_tokens,
                        max_model_len=spec.max_model_len,
                        model_dir=spec.tokenizer_path or None, **extra)
     return SimulatedEngine(config, clock)
+
+
+def fault_rules(rules: list[Any]) -> Any:
+    """Fault injection for tests and drills: ``[{"seed": 666, "kind": "error", "after_tokens":
+    3, "seconds": 0}]`` fails every request sent with that sampling ``seed``.
+
+    Keyed on the seed because a client can choose it per request while the rule itself lives in
+    the pool's settings (admin only), so a tenant can trigger a fault only where an operator
+    configured one; a pool without ``faults`` is unaffected.
+    """
+    from workers.engine.simulated import Fault
+
+    table: dict[int, Fault] = {}
+    for rule in rules:
+        if not isinstance(rule, dict) or not isinstance(rule.get("seed"), int):
+            raise ValueError("each fault needs an integer 'seed'")
+        if rule.get("kind") not in ("error", "stall", "invalid_tokens"):
+            raise ValueError("fault kind must be error, stall or invalid_tokens")
+        table[rule["seed"]] = Fault(rule["kind"], int(rule.get("after_tokens", 0)),
+                                    float(rule.get("seconds", 0.0)),
+                                    bool(rule.get("retryable", True)))
+    return lambda req: table.get(req.sampling.seed) if req.sampling.seed is not None else None
 
 
 def _vllm(spec: EngineSpec, clock: Any) -> Engine:

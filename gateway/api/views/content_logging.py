@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from gateway.api import access
 from gateway.api import serializers as s
+from gateway.api.schema import OneObjectSchema
 from gateway.api.views.base import TenantScoped
 
 
@@ -19,6 +20,7 @@ class ContentLoggingViewSet(TenantScoped):
 
     capability = "content_logging"
     serializer_class = s.ContentLoggingSerializer
+    schema = OneObjectSchema()  # list answers the switch and its history, not a page
 
     def _state(self) -> dict[str, Any]:
         from gateway.portal.models import ContentLoggingChange

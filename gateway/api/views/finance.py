@@ -18,10 +18,11 @@ from rest_framework.response import Response
 from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.filters import TIME_PARAMS
+from gateway.api.schema import OneObjectSchema
 from gateway.api.views.base import FILE_PARAM, TenantScoped
 from gateway.api.views.platform import report_answer
 from metering.billing import exports, reports
-from metering.billing.downloads import report_response
+from metering.billing.downloads import XLSX_TYPE, report_response
 from metering.billing.models import AlertEvent, ExportJob, SpendAlert
 
 
@@ -30,6 +31,7 @@ class ReportViewSet(TenantScoped):
 
     capability = "reports"
     serializer_class = s.ReportSerializer
+    schema = OneObjectSchema()  # list answers one report, not a page
 
     @extend_schema(parameters=[*TIME_PARAMS, OpenApiParameter("group_by", str),
                                OpenApiParameter("model", str),
@@ -80,7 +82,8 @@ class ExportJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
             end=data["end"], group_by=group_by, fmt=data.get("format", "csv"),
         )
 
-    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.BINARY,
+                              (200, XLSX_TYPE): OpenApiTypes.BINARY})
     @action(detail=True)
     def download(self, request: Request, *args: Any, **kwargs: Any) -> FileResponse:
         job = self.get_object()

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.filters import TIME_PARAMS, time_range
+from gateway.api.schema import OneObjectSchema
 from gateway.api.views.base import FILE_PARAM, IsPlatformAdmin, ReadForMembersWriteForAdmins
 from metering.billing import reports
 from metering.billing.downloads import report_response
@@ -74,6 +75,7 @@ class PlatformReportView(viewsets.ViewSet):
     """Usage report across every tenant (platform admins)."""
 
     permission_classes = [IsPlatformAdmin]
+    schema = OneObjectSchema()  # list answers one report, not a page
 
     @extend_schema(parameters=[*TIME_PARAMS, OpenApiParameter("group_by", str),
                                FILE_PARAM],

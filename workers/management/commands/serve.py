@@ -31,6 +31,10 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-beat", action="store_true", help="Do not start Celery beat.")
         parser.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S)
+        parser.add_argument(
+            "--gateway-processes", type=int, default=1,
+            help="uvicorn worker processes sharing the port; each relays its own streams with "
+                 "one Redis reader (about one per core left over by Redis and the engines).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from gateway.redis_conn import redis_url
@@ -70,7 +74,10 @@ class Command(BaseCommand):
         py = sys.executable
         children = [("gateway", subprocess.Popen(
             [py, "-m", "uvicorn", "gateway.asgi:application", "--host", options["host"],
-             "--port", str(options["port"])], env=env))]
+             "--port", str(options["port"]),
+             # Deadline on request headers (slow-loris): gateway/httpproto.py.
+             "--http", "gateway.httpproto:BoundedHttpToolsProtocol",
+             *performance_options(options["gateway_processes"])], env=env))]
         for pool in pools:
             children.append((f"worker[{pool}]", subprocess.Popen(
                 [py, "-m", "celery", "-A", "gateway", "worker", "--engine-pool", pool,
@@ -140,3 +147,13 @@ class Command(BaseCommand):
                 proc.wait(timeout=660)  # workers drain for at most DRAIN_TIMEOUT_S
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def performance_options(processes: int = 1) -> list[str]:
+    """uvloop when installed (uvicorn's "auto" picks it too; naming it makes its absence
+    visible): a process relaying thousands of SSE events per second spends most of its time in
+    the event loop. More than one process shares the port, each with its own stream reader."""
+    import importlib.util
+
+    out = ["--loop", "uvloop"] if importlib.util.find_spec("uvloop") else []
+    return out + (["--workers", str(processes)] if processes > 1 else [])
