@@ -14,6 +14,8 @@ from functools import lru_cache
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
 
 
 @lru_cache(maxsize=1)
@@ -50,9 +52,13 @@ def get_async_redis() -> aioredis.Redis:
         # A blocking pool: past ASYNC_MAX_CONNECTIONS a caller waits for a free connection.
         # redis-py's default async pool instead raises MaxConnectionsError at 100, which failed
         # requests (and worker settlements) whenever a burst had >100 Redis calls in flight.
+        # A pool built this way gets no retry policy of its own (redis-py gives one only to
+        # clients that build their pool): without it, the first command on a connection that a
+        # Redis restart broke fails instead of reconnecting (seen as a 503 right after a restart).
         pool = aioredis.BlockingConnectionPool.from_url(
             redis_url(), max_connections=ASYNC_MAX_CONNECTIONS, timeout=ASYNC_POOL_TIMEOUT_S,
             health_check_interval=30,
+            retry=AsyncRetry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 3),
         )
         found = (loop, aioredis.Redis(connection_pool=pool))
         _async_clients[id(loop)] = found
