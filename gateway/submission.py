@@ -28,7 +28,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gateway import accounting, liveness
-from gateway.accounting import AdmissionLimits, Admitted, RateLimitInfo, Reason, Status
+from gateway.accounting import (
+    AdmissionLimits,
+    Admitted,
+    RateLimitInfo,
+    Reason,
+    Rejected,
+    Status,
+)
 from gateway.redis_conn import get_async_redis
 from workers import transport
 from workers.engine.base import FinishReason, SamplingParams
@@ -82,26 +89,14 @@ _LIMIT_NAMES = {
 
 
 @dataclass(frozen=True)
-class Rejection:
-    """Admission refused; nothing was charged. The HTTP layer answers 429 with ``headers()``."""
+class Rejection(Rejected):
+    """Admission refused; nothing was charged. The HTTP layer answers 429 with ``headers()``.
 
-    request_id: str
-    reason: str  # an ``accounting.Reason``
-    scope: str  # "tenant" | "key" (too_large: "tenant:output_tokens" ...)
-    retry_after: int  # seconds; 0 = retrying cannot help
-    rate_limit: RateLimitInfo
+    ``accounting.Rejected`` (reason, scope, Retry-After, rate-limit headers) plus the message
+    the client reads.
+    """
+
     message: str
-
-    @property
-    def too_large(self) -> bool:
-        """OpenAI's 429 "Request too large": the request exceeds a bucket and can never fit."""
-        return self.reason == Reason.TOO_LARGE
-
-    def headers(self) -> dict[str, str]:
-        out = self.rate_limit.headers()
-        if self.retry_after > 0:
-            out["retry-after"] = str(self.retry_after)
-        return out
 
 
 def _event(entry: transport.StreamEvent) -> list[Event]:
