@@ -49,6 +49,7 @@ from workers.engine.base import (
     TokenDelta,
     Usage,
 )
+from workers.engine.pumped import PumpedStream, PumpedStreams
 from workers.tokenization import HFTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -212,15 +213,6 @@ class _Tally:
         return Usage(self.prompt, 0, self.counted(tokenizer, None))
 
 
-class _Stream:
-    __slots__ = ("done", "queue", "task")
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[TokenDelta | EngineError] = asyncio.Queue()
-        self.task: asyncio.Task[None] | None = None
-        self.done = False
-
-
 class UpstreamEngine(Engine):
     def __init__(
         self,
@@ -234,7 +226,7 @@ class UpstreamEngine(Engine):
         self._tok = load_tokenizer(tokenizer_path or None)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
-        self._streams: dict[str, _Stream] = {}
+        self._streams = PumpedStreams()
 
     @property
     def tokenizer(self) -> HFTokenizer:
@@ -283,25 +275,14 @@ class UpstreamEngine(Engine):
         if self._client is None:
             raise EngineError("the upstream engine is not started", retryable=True)
         rid = request.request_id
-        if rid in self._streams:
-            raise EngineError(f"request {rid} is already running", retryable=False)
-        stream = self._streams[rid] = _Stream()
         tally = _Tally(request, body["max_tokens"])
-        stream.task = asyncio.get_running_loop().create_task(self._pump(body, tally, stream))
-        try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, EngineError):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            if not stream.done and stream.task is not None:
-                stream.task.cancel()  # closes the upstream connection: the upstream aborts
-            self._streams.pop(rid, None)
+        # aclosing: a consumer that stops early closes the relay now, which cancels the pump.
+        relay = self._streams.relay(rid, lambda stream: self._pump(body, tally, stream))
+        async with contextlib.aclosing(relay) as deltas:
+            async for delta in deltas:
+                yield delta
 
-    async def _pump(self, body: dict[str, Any], tally: _Tally, stream: _Stream) -> None:
+    async def _pump(self, body: dict[str, Any], tally: _Tally, stream: PumpedStream) -> None:
         put = stream.queue.put_nowait
         try:
             reason = await self._relay(body, tally, put)
@@ -379,12 +360,7 @@ class UpstreamEngine(Engine):
                            retryable=True, usage=usage)
 
     async def abort(self, request_id: str) -> None:
-        stream = self._streams.get(request_id)
-        if stream is None or stream.task is None or stream.done:
-            return
-        stream.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait([stream.task])
+        await self._streams.abort(request_id)
 
     def load(self) -> EngineLoad:
         # The upstream's own queue and KV cache are not visible from here; what this worker

@@ -46,6 +46,7 @@ from workers.engine.base import (
     TokenDelta,
     Usage,
 )
+from workers.engine.pumped import PumpedStream, PumpedStreams
 from workers.tokenization import HFTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -252,15 +253,6 @@ def map_error(exc: BaseException, usage: Usage | None) -> EngineError:
     return EngineError(message, retryable=retryable, usage=usage)
 
 
-class _Stream:
-    __slots__ = ("done", "queue", "task")
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[TokenDelta | EngineError] = asyncio.Queue()
-        self.task: asyncio.Task[None] | None = None
-        self.done = False
-
-
 class VLLMEngine(Engine):
     def __init__(
         self,
@@ -282,7 +274,7 @@ class VLLMEngine(Engine):
         self._llm: Any = None
         self._sink = LoadSink()
         self._kv_total = 0
-        self._streams: dict[str, _Stream] = {}
+        self._streams = PumpedStreams()
 
     @property
     def tokenizer(self) -> HFTokenizer:
@@ -327,25 +319,13 @@ class VLLMEngine(Engine):
         if self._llm is None:
             raise EngineError("the vLLM engine is not running", retryable=True)
         rid = request.request_id
-        if rid in self._streams:
-            raise EngineError(f"request {rid} is already running", retryable=False)
-        stream = self._streams[rid] = _Stream()
-        stream.task = asyncio.get_running_loop().create_task(self._pump(call, stream))
-        try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, EngineError):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            # Consumer closed or cancelled early: cancelling the pump makes vLLM abort.
-            if not stream.done and stream.task is not None:
-                stream.task.cancel()
-            self._streams.pop(rid, None)
+        # aclosing: a consumer that stops early closes the relay now, which cancels the pump.
+        relay = self._streams.relay(rid, lambda stream: self._pump(call, stream))
+        async with contextlib.aclosing(relay) as deltas:
+            async for delta in deltas:
+                yield delta
 
-    async def _pump(self, call: GenerateCall, stream: _Stream) -> None:
+    async def _pump(self, call: GenerateCall, stream: PumpedStream) -> None:
         n_prompt, cached, n_out = len(call.prompt["prompt_token_ids"]), 0, 0
         try:
             prompt, params, lora = self._convert(call)
@@ -378,13 +358,7 @@ class VLLMEngine(Engine):
             stream.done = True
 
     async def abort(self, request_id: str) -> None:
-        stream = self._streams.get(request_id)
-        if stream is None or stream.task is None or stream.done:
-            return
-        stream.task.cancel()
-        # Wait until vLLM has been told (its generate() awaits abort on cancellation).
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait([stream.task])
+        await self._streams.abort(request_id)
 
     def load(self) -> EngineLoad:
         inflight = len(self._streams)
