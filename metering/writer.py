@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from typing import Any
 
 from django.db import transaction
 
+from gateway.leased_queue import LeasedQueue
 from gateway.redis_conn import get_redis, key
 from metering import metrics
 from metering.models import UsageRecord
@@ -35,29 +35,6 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 LEASE_MS = 60_000
 
-# KEYS: pending, processing, lease   ARGV: token, n
-# Moves up to n records from pending to processing, only while the caller holds the lease.
-_CLAIM = """
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then return false end
-local out = {}
-for i = 1, tonumber(ARGV[2]) do
-  local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
-  if not item then break end
-  out[#out + 1] = item
-end
-return out
-"""
-# KEYS: processing, lease   ARGV: token. Drops the committed batch, only under the lease.
-_RELEASE = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
-"""
-# KEYS: lease   ARGV: token. Gives the lease back if still ours.
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def pending_key() -> str:
@@ -84,31 +61,31 @@ class FlushResult:
     hours: set[datetime] = field(default_factory=set)
 
 
+def _queue() -> LeasedQueue:
+    return LeasedQueue(pending_key(), processing_key(), key("usage", "writer_lease"), LEASE_MS)
+
+
 def flush(batch_size: int = BATCH_SIZE, max_batches: int = 100) -> FlushResult | None:
     """Write pending usage records. None if another writer holds the lease right now."""
-    client = get_redis()
-    token = uuid.uuid4().hex
-    lease = key("usage", "writer_lease")
-    if not client.set(lease, token, nx=True, px=LEASE_MS):
+    client, queue = get_redis(), _queue()
+    token = queue.acquire(client)
+    if token is None:
         return None
     result = FlushResult()
     try:
-        # First anything a crashed writer left behind, then new records.
-        leftover = client.lrange(processing_key(), 0, -1)
-        if leftover and not _write_batch(client, token, leftover, result):
-            return result
+        # A claim hands back what a crashed writer left first, then new records.
         for _ in range(max_batches):
-            batch = client.eval(_CLAIM, 3, pending_key(), processing_key(), lease, token,
-                                batch_size)
-            if not batch or not _write_batch(client, token, batch, result):
+            batch = queue.claim(client, token, batch_size)
+            if not batch or not _write_batch(client, queue, token, batch, result):
                 break
-            client.pexpire(lease, LEASE_MS)
+            queue.extend(client)
     finally:
-        client.eval(_UNLOCK, 1, lease, token)
+        queue.unlock(client, token)
     return result
 
 
-def _write_batch(client: Any, token: str, raw: list[bytes], result: FlushResult) -> bool:
+def _write_batch(client: Any, queue: LeasedQueue, token: str, raw: list[bytes],
+                 result: FlushResult) -> bool:
     records, bad = parse_batch(raw)
     with transaction.atomic():
         created = UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
@@ -126,7 +103,7 @@ def _write_batch(client: Any, token: str, raw: list[bytes], result: FlushResult)
         pipe.hincrby(dirty_hours_key(), hour.isoformat(), 1)
     metrics.add_records(pipe, records)
     pipe.execute()
-    released = client.eval(_RELEASE, 2, processing_key(), key("usage", "writer_lease"), token)
+    released = queue.release(client, token)
     if not released:
         log.warning("usage writer lost its lease; the next writer re-inserts the batch")
     return bool(released)

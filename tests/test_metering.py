@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from gateway import leased_queue
 from metering import rollups, writer
 from metering.admin import CappedCountPaginator
 from metering.models import UsageRecord, UsageRollup
@@ -81,11 +82,11 @@ def test_batch_left_by_a_crashed_writer_is_written_first(redis_client) -> None:
 
 def test_crash_after_commit_before_release_duplicates_nothing(redis_client, monkeypatch) -> None:
     push(redis_client, record("x"), record("y"))
-    real = writer._RELEASE
-    monkeypatch.setattr(writer, "_RELEASE", "return 0")  # the release never happens
+    real = leased_queue._RELEASE
+    monkeypatch.setattr(leased_queue, "_RELEASE", "return 0")  # the release never happens
     writer.flush()
     assert redis_client.llen(writer.processing_key()) == 2  # still held in Redis
-    monkeypatch.setattr(writer, "_RELEASE", real)
+    monkeypatch.setattr(leased_queue, "_RELEASE", real)
     writer.flush()
     assert UsageRecord.objects.count() == 2
     assert redis_client.llen(writer.processing_key()) == 0
@@ -95,8 +96,9 @@ def test_a_writer_without_the_lease_claims_nothing(redis_client) -> None:
     push(redis_client, record("held"))
     redis_client.set(writer.key("usage", "writer_lease"), "someone-else", px=60_000)
     assert writer.flush() is None
-    claimed = redis_client.eval(writer._CLAIM, 3, writer.pending_key(), writer.processing_key(),
-                                writer.key("usage", "writer_lease"), "not-the-token", 10)
+    claimed = redis_client.eval(leased_queue._CLAIM, 3, writer.pending_key(),
+                                writer.processing_key(), writer.key("usage", "writer_lease"),
+                                "not-the-token", 10)
     assert claimed is None and redis_client.llen(writer.pending_key()) == 1
 
 

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from gateway.contentlog import crypto, keys
 from gateway.contentlog.models import ContentRecord
+from gateway.leased_queue import LeasedQueue
 from gateway.redis_conn import get_async_redis, get_redis, key
 from tenants.models import Tenant
 
@@ -54,28 +55,6 @@ end
 redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[2], 'enqueued', 1)
 return 1
-"""
-# KEYS: pending, processing, lease   ARGV: token, n. Claims only while holding the lease.
-_CLAIM = """
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then return false end
-local out = redis.call('LRANGE', KEYS[2], 0, -1)
-if #out > 0 then return out end
-for i = 1, tonumber(ARGV[2]) do
-  local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
-  if not item then break end
-  out[#out + 1] = item
-end
-return out
-"""
-# KEYS: processing, lease   ARGV: token
-_RELEASE = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
-"""
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
 """
 
 
@@ -167,23 +146,24 @@ class DrainResult:
 def drain(batch: int = BATCH_SIZE, now: datetime | None = None) -> DrainResult | None:
     """Write one batch. None if another drain holds the lease. Raises nothing it can count."""
     r = get_redis()
-    token = uuid.uuid4().hex
-    if not r.set(lease_key(), token, nx=True, px=LEASE_MS):
+    queue = LeasedQueue(pending_key(), processing_key(), lease_key(), LEASE_MS)
+    token = queue.acquire(r)
+    if token is None:
         return None
     try:
-        items = r.eval(_CLAIM, 3, pending_key(), processing_key(), lease_key(), token, batch)
-        result = DrainResult(claimed=len(items or []))
+        items = queue.claim(r, token, batch)
+        result = DrainResult(claimed=len(items))
         if items:
             try:
                 result.written, result.dropped = _write(items, now or timezone.now())
             except Exception as exc:  # stays in processing; the next drain retries it
                 _count_failure("write_failures", exc)
                 return result
-            r.eval(_RELEASE, 2, processing_key(), lease_key(), token)
+            queue.release(r, token)
             _bump(r, written=result.written, dropped_unreadable=result.dropped)
         return result
     finally:
-        r.eval(_UNLOCK, 1, lease_key(), token)
+        queue.unlock(r, token)
 
 
 def drain_all(now: datetime | None = None) -> int:
