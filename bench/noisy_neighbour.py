@@ -9,8 +9,11 @@ Four configurations: FIFO or WFQ, with or without a per-tenant budget of 1,000 t
 Unlike the design's tick simulation, every request here goes through the production code:
 ``gateway.accounting.admit`` (the token buckets, on Redis), ``workers.wfq`` (per-tenant queues
 and the dispatcher, on Redis) and ``SimulatedEngine`` (continuous batching, paged KV cache),
-on a virtual clock so 60 s of traffic takes a few seconds. A request's tokens are a short
-prompt plus ``cost - prompt`` output tokens (``ignore_eos``), so its cost matches the design.
+on a virtual clock so 60 s of traffic takes a few seconds. The dispatcher loop passes its
+per-tenant running counts, as ``EngineHost`` does, so WFQ keeps each active tenant's share of
+the slots (slot fairness, docs/adr/0006; ``WFQ_SLOT_RESERVE=0`` shows the behaviour without
+it). A request's tokens are a short prompt plus ``cost - prompt`` output tokens
+(``ignore_eos``), so its cost matches the design.
 
 Latency is completion time minus arrival, in seconds (the design counts whole 1 s ticks, so its
 "1" means "within the second it arrived"); TTFT is the first output token minus arrival.
@@ -26,6 +29,7 @@ import os
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +100,7 @@ async def scenario(clock: VirtualClock, policy: str, budget: bool, seqs: int) ->
     wake = asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()  # strong references to the serving tasks
     in_service = 0
+    running: Counter[str] = Counter()  # this worker's sequences per tenant, as EngineHost keeps
     arrivals_done = False
 
     def admit(rid: str, tenant: str, cost: int, now: float) -> bool:
@@ -121,7 +126,7 @@ async def scenario(clock: VirtualClock, policy: str, budget: bool, seqs: int) ->
                 continue
             live[rid] = Outcome(tenant, clock.now(), cost)
             wfq.enqueue(pool, tenant, rid, weight=1.0, prompt_tokens=n_prompt,
-                        max_output_tokens=cost - n_prompt, kv_tokens=cost)
+                        max_output_tokens=cost - n_prompt, kv_tokens=cost, now=clock.now())
             wake.set()
         arrivals_done = True
         wake.set()
@@ -145,11 +150,13 @@ async def scenario(clock: VirtualClock, policy: str, budget: bool, seqs: int) ->
             accounting.settle(item.request_id, status="ok", finish_reason="length",
                               output_tokens=out.cost, now=clock.now(), wfq_correction=False)
         in_service -= 1  # before waking the dispatcher, so it sees the pool drained
+        running[item.tenant_id] -= 1
         wake.set()
 
     async def dispatcher() -> None:
         nonlocal in_service
-        # A worker's loop: take work only into free slots, smallest tag first (docs/adr/0001).
+        # A worker's loop: take work only into free slots, smallest tag first (docs/adr/0001),
+        # passing its per-tenant running counts for slot fairness (docs/adr/0006).
         while not (arrivals_done and not in_service and not wfq.backlog(pool)):
             wake.clear()
             load = engine.load()
@@ -161,9 +168,11 @@ async def scenario(clock: VirtualClock, policy: str, budget: bool, seqs: int) ->
                 items = wfq.dispatch_many(
                     pool, n=free, free_slots=free,
                     free_kv_tokens=load.kv_tokens_total - load.kv_tokens_used, worker_id="bench",
+                    running=running, now=clock.now(),
                 )
             for item in items:
                 in_service += 1
+                running[item.tenant_id] += 1
                 task = asyncio.create_task(serve(item))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)

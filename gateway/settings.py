@@ -160,6 +160,12 @@ GATEWAY_HEARTBEAT_SECONDS = env_float("GATEWAY_HEARTBEAT_SECONDS", 1.0, minimum=
 GATEWAY_DEAD_AFTER_SECONDS = env_float("GATEWAY_DEAD_AFTER_SECONDS", 10.0, minimum=0.2)
 WFQ_INPUT_PRICE = env_float("WFQ_INPUT_PRICE", 1.0, minimum=0.0)
 WFQ_OUTPUT_PRICE = env_float("WFQ_OUTPUT_PRICE", 2.0, minimum=0.0)
+# Slot fairness (workers/lua/dispatch.lua, ADR 0006): a tenant that enqueued within this many
+# seconds counts as active, so a worker keeps slots free for its next request; a tenant over its
+# weighted share of a worker's slots may take one more only while this fraction of the slots
+# (at most) stays free for the other active tenants' unused shares (0: plain work-conserving).
+WFQ_ACTIVE_WINDOW_SECONDS = env_float("WFQ_ACTIVE_WINDOW_SECONDS", 5.0, minimum=0.0)
+WFQ_SLOT_RESERVE = env_float("WFQ_SLOT_RESERVE", 0.5, minimum=0.0)
 
 # Celery on Redis (docs/adr/0002). Generations never run as Celery tasks: a pool worker's engine
 # host pulls them from the WFQ, which moves each id atomically into that worker's in-flight set,

@@ -1,17 +1,21 @@
 """Property tests of the WFQ dispatcher on real Redis: random interleavings against a model.
 
-A hypothesis state machine drives enqueue, dispatch, remove and complete across tenants and
-two workers, and compares every reply with a small Python model of the design's rules. After
-every step it re-reads the raw Redis keys and checks the invariants written in
-workers/lua/common.lua (H1-H4) and that each request is in exactly one place.
+A hypothesis state machine drives enqueue, dispatch (with and without slot fairness), remove and
+complete across tenants and two workers on a clock it advances, and compares every reply with a
+small Python model of the design's rules. After every step it re-reads the raw Redis keys and
+checks the invariants written in workers/lua/common.lua (H1-H7) and that each request is in
+exactly one place.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import pytest
+from django.conf import settings as django_settings
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -29,6 +33,12 @@ POOL = "props"
 PRICES = Prices(1.0, 2.0)
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 0.5, "d": 3.0}
 WORKERS = ("w1", "w2")
+PRUNE = 128  # seen members dispatch prunes per call at most (workers/lua/dispatch.lua)
+
+
+def units(weight: float) -> int:
+    """A weight in integer units of 1e-6, as the scripts keep it (H7, workers/lua/common.lua)."""
+    return max(1, math.floor(weight * 1e6 + 0.5))
 
 
 def assert_pool_consistent(client, pool: str, policy: str = "wfq") -> dict[str, list[str]]:
@@ -58,6 +68,16 @@ def assert_pool_consistent(client, pool: str, policy: str = "wfq") -> dict[str, 
     return {t: [e.request_id for e in entries] for t, entries in queues.items()}
 
 
+def assert_active_consistent(client, pool: str, want: dict[str, int]) -> None:
+    """H7 from the raw keys: active is exactly seen and heads scored by their weight units,
+    and active_w is their sum."""
+    active = {m.decode(): int(score) for m, score in
+              client.zrange(key("wfq", pool, "active"), 0, -1, withscores=True)}
+    assert active == want, "H7: active != seen | heads"
+    total = int(client.hget(key("wfq", pool, "state"), "active_w") or 0)
+    assert total == sum(want.values()), "H7: active_w != the sum of active"
+
+
 @dataclass
 class Model:
     """The design's rules in plain Python: what the scripts must reproduce.
@@ -73,9 +93,13 @@ class Model:
     last: dict[str, float] = field(default_factory=dict)
     off: dict[str, float] = field(default_factory=dict)
     queues: dict[str, list[QueueEntry]] = field(default_factory=dict)
+    seen: dict[str, float] = field(default_factory=dict)  # tenant -> last enqueue time (H6)
+    weight: dict[str, float] = field(default_factory=dict)
 
-    def enqueue(self, tenant: str, rid: str, cost: float, kv: int) -> float:
-        weight = WEIGHTS[tenant]
+    def enqueue(self, tenant: str, rid: str, cost: float, kv: int, now: float = 0.0,
+                weight: float | None = None) -> float:
+        weight = WEIGHTS[tenant] if weight is None else weight
+        self.seen[tenant], self.weight[tenant] = now, weight
         start = max(self.last.get(tenant, 0.0), self.vtime)
         finish = start + cost / weight
         off = self.off.get(tenant, 0.0)
@@ -90,23 +114,80 @@ class Model:
         off = self.off.get(raw.tenant_id, 0.0)
         return replace(raw, tag=raw.tag + off, start_tag=raw.start_tag + off)
 
-    def dispatch(self, n: int, budget: float, lookahead: int) -> list[QueueEntry]:
+    def dispatch(self, n: int, budget: float, lookahead: int,
+                 fair: tuple[Counter[str], int, float] | None = None) -> list[QueueEntry]:
+        """fair = (this worker's running counts, its free slots, now): rules S1-S3."""
+        allowed = lambda tenant, take=False: True  # noqa: E731
+        if fair is not None and self.policy == "wfq":
+            allowed = self._slot_rules(*fair)
         out = []
         while len(out) < n:
-            entry = self._pick(budget, lookahead)
+            entry = self._pick(budget, lookahead, allowed)
             if entry is None:
                 break
             self._drop(entry.tenant_id, 0)
             budget -= entry.kv_tokens
             self.vtime = max(self.vtime, entry.start_tag)
             out.append(entry)
+            allowed(entry.tenant_id, take=True)
         return out
 
-    def _pick(self, budget: float, lookahead: int) -> QueueEntry | None:
+    def prune(self, now: float) -> None:
+        """Dispatch drops the PRUNE oldest seen members older than the window (H6)."""
+        cutoff = now - django_settings.WFQ_ACTIVE_WINDOW_SECONDS
+        expired = sorted((at, t.encode()) for t, at in self.seen.items() if at < cutoff)
+        for _, t in expired[:PRUNE]:
+            del self.seen[t.decode()]
+
+    def active(self) -> dict[str, int]:
+        """H7: the active zset, the tenants in seen or queued with their weight units."""
+        queued = {t for t, q in self.queues.items() if q}
+        return {t: units(self.weight[t]) for t in set(self.seen) | queued}
+
+    def _slot_rules(self, running: Counter[str], free: int, now: float):
+        """S1-S3 computed the slow way: every active tenant's cap, the whole unused sum."""
+        fraction = min(1.0, django_settings.WFQ_SLOT_RESERVE)
+        self.prune(now)
+        run = Counter({t: c for t, c in running.items() if c > 0})
+        slots = free + sum(run.values())
+        active = set(run) | set(self.active())
+        u = {t: units(self.weight.get(t, 1.0)) for t in active}
+        total = sum(u.values())
+        cap = {t: max(1, math.floor(slots * u[t] / total)) for t in active}
+        reserve_max = math.floor(fraction * slots + 1e-9)
+        state = {"free": free}
+
+        def share(t: str) -> int:
+            return max(0, cap.get(t, 1) - run[t])
+
+        def allowed(t: str, take: bool = False) -> bool:
+            if take:
+                state["free"] -= 1
+                run[t] += 1
+                return True
+            if run[t] < cap.get(t, 1):
+                return True
+            unused = sum(share(j) for j in active)
+            return state["free"] - 1 >= min(unused - share(t), reserve_max)
+
+        allowed.nrun = lambda: sum(1 for c in run.values() if c > 0)  # type: ignore[attr-defined]
+        return allowed
+
+    def _pick(self, budget: float, lookahead: int, allowed) -> QueueEntry | None:
         heads = [self.effective(q[0]) for q in self.queues.values() if q]
         score = (lambda e: e.seq) if self.policy == "fifo" else (lambda e: e.tag)
         heads.sort(key=lambda e: (score(e), e.tenant_id.encode()))
-        return next((e for e in heads[: lookahead + 1] if e.kv_tokens <= budget), None)
+        nrun = allowed.nrun() if hasattr(allowed, "nrun") else 0
+        considered = 0
+        for e in heads[: lookahead + nrun + 1]:
+            if not allowed(e.tenant_id):
+                continue
+            if e.kv_tokens <= budget:
+                return e
+            considered += 1
+            if considered > lookahead:
+                return None
+        return None
 
     def _drop(self, tenant: str, index: int) -> QueueEntry:
         raw = self.queues[tenant].pop(index)
@@ -163,6 +244,11 @@ class WfqMachine(RuleBasedStateMachine):
         self.done: set[str] = set()
         self.removed: set[str] = set()
         self.last_vtime = 0.0
+        self.now = 1000.0
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 3.0, 6.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
 
     @rule(tenant=st.sampled_from(sorted(WEIGHTS)), prompt=st.integers(0, 3000),
           max_out=st.integers(0, 1000), kv=st.integers(1, 4000))
@@ -170,8 +256,9 @@ class WfqMachine(RuleBasedStateMachine):
         self.next_id += 1
         rid = f"r{self.next_id}"
         tag = self.wfq.enqueue(POOL, tenant, rid, weight=WEIGHTS[tenant], prompt_tokens=prompt,
-                               max_output_tokens=max_out, kv_tokens=kv)
-        assert tag == self.model.enqueue(tenant, rid, PRICES.cost(prompt, max_out), kv)
+                               max_output_tokens=max_out, kv_tokens=kv, now=self.now)
+        assert tag == self.model.enqueue(tenant, rid, PRICES.cost(prompt, max_out), kv,
+                                         self.now)
         self.ids.append(rid)
 
     @rule(worker=st.sampled_from(WORKERS), n=st.integers(1, 4), slots=st.integers(0, 3),
@@ -182,6 +269,21 @@ class WfqMachine(RuleBasedStateMachine):
                                      worker_id=worker, overcommit=overcommit,
                                      lookahead=lookahead)
         want = self.model.dispatch(min(n, slots), free_kv * overcommit, lookahead)
+        self._took(worker, got, want)
+
+    @rule(worker=st.sampled_from(WORKERS), n=st.integers(1, 6), free=st.integers(0, 4),
+          free_kv=st.integers(0, 8000), lookahead=st.integers(0, 2))
+    def dispatch_fair(self, worker, n, free, free_kv, lookahead) -> None:
+        """Slot fairness: the worker passes its own per-tenant running counts (S1-S3)."""
+        running = Counter(self.inflight[r].tenant_id for r in self.inflight
+                          if self.worker_of[r] == worker)
+        got = self.wfq.dispatch_many(POOL, n=n, free_slots=free, free_kv_tokens=free_kv,
+                                     worker_id=worker, lookahead=lookahead,
+                                     running=dict(running), now=self.now)
+        want = self.model.dispatch(min(n, free), free_kv, lookahead, (running, free, self.now))
+        self._took(worker, got, want)
+
+    def _took(self, worker: str, got, want) -> None:
         assert [(g.request_id, g.tag, g.start_tag) for g in got] == [
             (w.request_id, w.tag, w.start_tag) for w in want]
         for item in got:
@@ -229,6 +331,11 @@ class WfqMachine(RuleBasedStateMachine):
         assert self.wfq.queued_requests(POOL) == sorted(want, key=lambda e: e.seq)
         last = self.client.hgetall(key("wfq", POOL, "last"))
         assert {k.decode(): float(v) for k, v in last.items()} == self.model.last
+        seen = self.client.zrange(key("wfq", POOL, "seen"), 0, -1, withscores=True)
+        assert {m.decode(): at for m, at in seen} == self.model.seen, "H6: seen"
+        weight = self.client.hgetall(key("wfq", POOL, "weight"))
+        assert {k.decode(): float(v) for k, v in weight.items()} == self.model.weight
+        assert_active_consistent(self.client, POOL, self.model.active())
 
     @invariant()
     def each_request_in_exactly_one_place(self) -> None:

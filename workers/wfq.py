@@ -19,17 +19,24 @@ once: a request is never dispatched twice and never lost (see docs/adr/0001). ``
 a sync client, ``AsyncWfq`` an asyncio client; both run the same scripts and share the
 argument building and reply parsing below.
 
+Slot fairness (``dispatch_many(..., running=...)``, docs/adr/0006): a dispatched sequence holds
+its slot until it ends, so a worker that passes its per-tenant running counts gets at most a
+tenant's weighted share of its slots for that tenant while other tenants are active (queued,
+running there, or enqueued within ``WFQ_ACTIVE_WINDOW_SECONDS``), unless enough slots stay free
+for the others' unused shares (at most ``WFQ_SLOT_RESERVE`` of the slots); a lone tenant gets
+every slot. The rules are written in ``workers/lua/dispatch.lua``.
+
 ``policy="fifo"`` orders by arrival instead of tag through the same scripts, so benchmarks
-compare the two policies through the same code. The policy belongs to the pool: the enqueuer's
-setting is stored with it (and may change only while the pool is empty); dispatch and remove
-follow the stored one.
+compare the two policies through the same code; it ignores slot fairness. The policy belongs
+to the pool: the enqueuer's setting is stored with it (and may change only while the pool is
+empty); dispatch and remove follow the stored one.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property, lru_cache
 from importlib import resources
@@ -125,7 +132,8 @@ class Keys:
     @cached_property
     def common(self) -> tuple[str, ...]:
         # Every script gets these first, in this order (workers/lua/common.lua).
-        return tuple(self.part(name) for name in ("heads", "items", "state", "last", "shift"))
+        return tuple(self.part(name) for name in ("heads", "items", "state", "last", "shift",
+                                                  "seen", "weight", "active"))
 
 
 def _keys(pool: str) -> Keys:
@@ -170,28 +178,72 @@ _SCRIPTS = ("enqueue", "dispatch", "remove", "complete", "backlog", "queued", "r
 Call = tuple[list[str], list[str]]
 
 
+def _now(now: float | None) -> str:
+    # '' lets the script read the Redis server's clock, the same for every process.
+    return "" if now is None else _number("now", now)
+
+
 def _enqueue_call(keys: Keys, policy: str, prices: Prices, tenant_id: str, request_id: str,
                   weight: float, prompt_tokens: int, max_output_tokens: int,
-                  kv_tokens: int) -> Call:
+                  kv_tokens: int, now: float | None = None) -> Call:
     _check(_ID, "tenant_id", tenant_id)
     _check(_ID, "request_id", request_id)
     _number("prompt_tokens", prompt_tokens)
     _number("max_output_tokens", max_output_tokens)
     cost = _number("cost", prices.cost(prompt_tokens, max_output_tokens))
     args = [policy, tenant_id, request_id, cost, _number("weight", weight, positive=True),
-            _number("kv_tokens", kv_tokens)]
+            _number("kv_tokens", kv_tokens), _now(now)]
     return [*keys.common, keys.queue(tenant_id)], args
 
 
 def _dispatch_call(keys: Keys, n: int, free_slots: int, free_kv_tokens: float,
-                   overcommit: float, worker_id: str, lookahead: int) -> Call:
+                   overcommit: float, worker_id: str, lookahead: int,
+                   running: Mapping[str, int] | None = None, now: float | None = None) -> Call:
     _check(_ID, "worker_id", worker_id)
     if n < 0 or free_slots < 0 or lookahead < 0:
         raise ValueError("n, free_slots and lookahead must be >= 0")
     budget = float(_number("free_kv_tokens", free_kv_tokens)) * float(
         _number("overcommit", overcommit, positive=True))
-    args = [keys.qprefix, str(min(n, free_slots)), repr(budget), str(lookahead)]
+    args = [keys.qprefix, str(min(n, free_slots)), repr(budget), str(lookahead),
+            "0" if running is None else "1", str(free_slots), _now(now),
+            _number("WFQ_ACTIVE_WINDOW_SECONDS", settings.WFQ_ACTIVE_WINDOW_SECONDS),
+            _number("WFQ_SLOT_RESERVE", min(1.0, settings.WFQ_SLOT_RESERVE)),
+            *_running_args(running)]
     return [*keys.common, inflight_key(worker_id)], args
+
+
+def _running_args(running: Mapping[str, int] | None) -> list[str]:
+    # The number of tenants running here, the sum of their counts, their ids and their counts
+    # (counts > 0), each list as one space-separated argument, as dispatch.lua reads them: a
+    # worker passes up to one tenant per slot on every call, and 2 arguments instead of 2 per
+    # tenant keep the call cheap to build, send and read.
+    if not running:
+        return ["0", "0", "", ""]
+    try:
+        ids = " ".join(running)
+    except TypeError:
+        ids = ""
+    # As _ID for each id, cheaper than a regex over ids: split() cuts at any whitespace and
+    # drops empty pieces, so it yields one piece per id only if none is empty or has a space.
+    if (len(ids.split()) != len(running) or "|" in ids
+            or (len(ids) > 200 and max(map(len, running)) > 200)):
+        raise ValueError("running tenant_id must be 1-200 characters without whitespace or '|'")
+    counts = list(running.values())
+    try:  # _NUM[c] takes only ints (bool is one) and the lookup beats str(c)
+        text = " ".join(map(_NUM.__getitem__, counts)) if min(counts) >= 0 else None
+    except (TypeError, IndexError):
+        text = " ".join(map(str, counts)) if all(isinstance(c, int) and c >= 0
+                                                 for c in counts) else None
+    if text is None:
+        raise ValueError("running counts must be ints >= 0")
+    if 0 in counts:
+        ids = " ".join(t for t, c in zip(running, counts, strict=True) if c)
+        counts = [c for c in counts if c]
+        text = " ".join(map(str, counts))
+    return [str(len(counts)), str(sum(counts)), ids, text]
+
+
+_NUM = tuple(str(i) for i in range(1025))
 
 
 def _remove_call(keys: Keys, tenant_id: str, request_id: str) -> Call:
@@ -266,26 +318,40 @@ class Wfq(_Base):
             _raise_script_error(exc)
 
     def enqueue(self, pool: str, tenant_id: str, request_id: str, *, weight: float,
-                prompt_tokens: int, max_output_tokens: int, kv_tokens: int) -> float:
-        """Queue a request; returns its finish tag. Raises DuplicateRequest if already queued."""
+                prompt_tokens: int, max_output_tokens: int, kv_tokens: int,
+                now: float | None = None) -> float:
+        """Queue a request; returns its finish tag. Raises DuplicateRequest if already queued.
+
+        ``now`` (seconds) stamps the tenant as active for slot fairness; None uses the Redis
+        server's clock. Pass it only when every caller of the pool does (a virtual clock).
+        """
         call = _enqueue_call(_keys(pool), self.policy, self.prices, tenant_id, request_id,
-                             weight, prompt_tokens, max_output_tokens, kv_tokens)
+                             weight, prompt_tokens, max_output_tokens, kv_tokens, now)
         return float(self._run("enqueue", call))
 
     def dispatch_many(self, pool: str, *, n: int, free_slots: int, free_kv_tokens: float,
-                      worker_id: str, overcommit: float = 1.0,
-                      lookahead: int = 0) -> list[DispatchedItem]:
-        """Move up to n requests, smallest tag first, into worker_id's free capacity."""
+                      worker_id: str, overcommit: float = 1.0, lookahead: int = 0,
+                      running: Mapping[str, int] | None = None,
+                      now: float | None = None) -> list[DispatchedItem]:
+        """Move up to n requests, smallest tag first, into worker_id's free capacity.
+
+        ``running`` is the worker's own sequences per tenant (all of them, so that free_slots
+        + their sum is its slot count); passing it turns on slot fairness under "wfq" (module
+        docstring). ``now`` as for :meth:`enqueue`.
+        """
         call = _dispatch_call(_keys(pool), n, free_slots, free_kv_tokens,
-                              overcommit, worker_id, lookahead)
+                              overcommit, worker_id, lookahead, running, now)
         return _dispatched(self._run("dispatch", call), worker_id)
 
     def dispatch(self, pool: str, *, free_slots: int, free_kv_tokens: float, worker_id: str,
-                 overcommit: float = 1.0, lookahead: int = 0) -> DispatchedItem | None:
+                 overcommit: float = 1.0, lookahead: int = 0,
+                 running: Mapping[str, int] | None = None,
+                 now: float | None = None) -> DispatchedItem | None:
         """The next request if it fits (a free slot, kv_tokens <= free x overcommit), else None."""
         items = self.dispatch_many(pool, n=1, free_slots=free_slots,
                                    free_kv_tokens=free_kv_tokens, worker_id=worker_id,
-                                   overcommit=overcommit, lookahead=lookahead)
+                                   overcommit=overcommit, lookahead=lookahead,
+                                   running=running, now=now)
         return items[0] if items else None
 
     def remove(self, pool: str, tenant_id: str, request_id: str) -> bool:
@@ -343,24 +409,28 @@ class AsyncWfq(_Base):
             _raise_script_error(exc)
 
     async def enqueue(self, pool: str, tenant_id: str, request_id: str, *, weight: float,
-                      prompt_tokens: int, max_output_tokens: int, kv_tokens: int) -> float:
+                      prompt_tokens: int, max_output_tokens: int, kv_tokens: int,
+                      now: float | None = None) -> float:
         call = _enqueue_call(_keys(pool), self.policy, self.prices, tenant_id, request_id,
-                             weight, prompt_tokens, max_output_tokens, kv_tokens)
+                             weight, prompt_tokens, max_output_tokens, kv_tokens, now)
         return float(await self._run("enqueue", call))
 
     async def dispatch_many(self, pool: str, *, n: int, free_slots: int,
                             free_kv_tokens: float, worker_id: str, overcommit: float = 1.0,
-                            lookahead: int = 0) -> list[DispatchedItem]:
+                            lookahead: int = 0, running: Mapping[str, int] | None = None,
+                            now: float | None = None) -> list[DispatchedItem]:
         call = _dispatch_call(_keys(pool), n, free_slots, free_kv_tokens,
-                              overcommit, worker_id, lookahead)
+                              overcommit, worker_id, lookahead, running, now)
         return _dispatched(await self._run("dispatch", call), worker_id)
 
     async def dispatch(self, pool: str, *, free_slots: int, free_kv_tokens: float,
-                       worker_id: str, overcommit: float = 1.0,
-                       lookahead: int = 0) -> DispatchedItem | None:
+                       worker_id: str, overcommit: float = 1.0, lookahead: int = 0,
+                       running: Mapping[str, int] | None = None,
+                       now: float | None = None) -> DispatchedItem | None:
         items = await self.dispatch_many(pool, n=1, free_slots=free_slots,
                                          free_kv_tokens=free_kv_tokens, worker_id=worker_id,
-                                         overcommit=overcommit, lookahead=lookahead)
+                                         overcommit=overcommit, lookahead=lookahead,
+                                         running=running, now=now)
         return items[0] if items else None
 
     async def remove(self, pool: str, tenant_id: str, request_id: str) -> bool:
@@ -400,24 +470,31 @@ def _default(policy: str) -> Wfq:
 
 
 def enqueue(pool: str, tenant_id: str, request_id: str, *, weight: float, prompt_tokens: int,
-            max_output_tokens: int, kv_tokens: int, policy: str = "wfq") -> float:
+            max_output_tokens: int, kv_tokens: int, policy: str = "wfq",
+            now: float | None = None) -> float:
     return _default(policy).enqueue(pool, tenant_id, request_id, weight=weight,
                                     prompt_tokens=prompt_tokens,
-                                    max_output_tokens=max_output_tokens, kv_tokens=kv_tokens)
+                                    max_output_tokens=max_output_tokens, kv_tokens=kv_tokens,
+                                    now=now)
 
 
 def dispatch(pool: str, *, free_slots: int, free_kv_tokens: float, worker_id: str,
-             overcommit: float = 1.0, lookahead: int = 0) -> DispatchedItem | None:
+             overcommit: float = 1.0, lookahead: int = 0,
+             running: Mapping[str, int] | None = None,
+             now: float | None = None) -> DispatchedItem | None:
     return _default("wfq").dispatch(pool, free_slots=free_slots, free_kv_tokens=free_kv_tokens,
                                      worker_id=worker_id, overcommit=overcommit,
-                                     lookahead=lookahead)
+                                     lookahead=lookahead, running=running, now=now)
 
 
 def dispatch_many(pool: str, *, n: int, free_slots: int, free_kv_tokens: float, worker_id: str,
-                  overcommit: float = 1.0, lookahead: int = 0) -> list[DispatchedItem]:
+                  overcommit: float = 1.0, lookahead: int = 0,
+                  running: Mapping[str, int] | None = None,
+                  now: float | None = None) -> list[DispatchedItem]:
     return _default("wfq").dispatch_many(pool, n=n, free_slots=free_slots,
                                           free_kv_tokens=free_kv_tokens, worker_id=worker_id,
-                                          overcommit=overcommit, lookahead=lookahead)
+                                          overcommit=overcommit, lookahead=lookahead,
+                                          running=running, now=now)
 
 
 def remove(pool: str, tenant_id: str, request_id: str) -> bool:

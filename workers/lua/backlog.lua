@@ -1,5 +1,5 @@
 -- backlog: queued requests per backlogged tenant, as one consistent snapshot.
--- KEYS: heads, items, state, last, shift; ARGV: queue key prefix.
+-- KEYS: the eight common keys; ARGV: queue key prefix.
 -- Returns {tenant, count, tenant, count, ...}.
 local out = {}
 for _, tenant in ipairs(redis.call('ZRANGE', heads, 0, -1)) do

@@ -1,12 +1,17 @@
 -- Shared prelude, prepended to every WFQ script at load time (workers/wfq.py).
 --
--- Keys of one pool P (all under settings.REDIS_KEY_PREFIX); every script gets the first five
--- as KEYS[1..5], in this order:
+-- Keys of one pool P (all under settings.REDIS_KEY_PREFIX); every script gets the first eight
+-- as KEYS[1..8], in this order:
 --   wfq:P:heads  zset  tenant -> head score    one member per backlogged tenant
 --   wfq:P:items  hash  request id -> entry      every queued request, nothing else
---   wfq:P:state  hash  vtime, seq, policy       virtual time, arrival counter, policy
+--   wfq:P:state  hash  vtime, seq, policy,      virtual time, arrival counter, policy,
+--                      active_w                 the sum of the active zset's scores (H7)
 --   wfq:P:last   hash  tenant -> finish tag     tag of the tenant's latest enqueue, corrected
 --   wfq:P:shift  hash  tenant -> offset         added to the tags stored in T's entries
+--   wfq:P:seen   zset  tenant -> time           when T last enqueued (seconds, enqueuer's clock)
+--   wfq:P:weight hash  tenant -> weight         the weight of T's latest enqueue
+--   wfq:P:active zset  tenant -> weight units   T's weight in units of 1e-6 (integer), for
+--                                               every tenant in seen or heads (H7)
 --   wfq:P:q:T    zset  entry -> arrival seq    tenant T's queue, FIFO by seq
 -- A queue entry packs what the dispatcher needs, so no per-request key exists:
 --   finish|start|arrival|cost|weight|kv|seq|tenant|request_id
@@ -22,12 +27,24 @@
 --   H3 a request id is in at most one place: a queue (and items) or a worker's in-flight
 --      set; dispatch moves it from one to the other in the same script;
 --   H4 vtime never decreases;
---   H5 shift has an entry only for backlogged tenants.
+--   H5 shift has an entry only for backlogged tenants;
+--   H6 seen, weight and active only steer how many of a worker's slots a tenant may hold
+--      (dispatch's slot fairness): no request's place, tag or vtime depends on them. seen has
+--      at most one member per tenant (its latest enqueue time); dispatch drops members older
+--      than its activity window, so it holds only recently active tenants. weight, like last,
+--      has one field per tenant that ever queued in the pool; reset deletes all three.
+--   H7 active has a member exactly for each tenant in seen or heads, scored units(weight[T]),
+--      and state's active_w is the sum of those scores: the pool's active tenants, their
+--      weight sum and (the zset's last member) their largest weight, kept incrementally
+--      (enqueue adds, a queue emptying outside the window or a window expiry outside heads
+--      removes, a weight change adjusts), so dispatch reads them in O(log tenants) instead of
+--      rebuilding the set. Integers, so the sum never drifts.
 --
 -- Numbers are Lua doubles. They go back to Redis as strings formatted with %.17g, because
 -- Redis converts a bare Lua number with %.14g (losing digits) and truncates number replies.
 
 local heads, items, state, last, shift = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local seen, weights, active = KEYS[6], KEYS[7], KEYS[8]
 
 local function fmt(x)
   return string.format('%.17g', x)
@@ -43,6 +60,15 @@ end
 local function pack(finish, start, item)
   return table.concat({fmt(finish), fmt(start), fmt(item.arrival), fmt(item.cost),
                        fmt(item.weight), fmt(item.kv), item.seq, item.tenant, item.rid}, '|')
+end
+
+-- Wall time in seconds: the caller's clock when it passes one (benchmarks on a virtual clock),
+-- else the Redis server's, so every gateway and worker reads the same clock. TIME in a script
+-- that writes needs effects replication, the default since Redis 5.
+local function clock(arg)
+  if arg and arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1e6
 end
 
 local function get_vtime()
@@ -76,15 +102,47 @@ local function claim_policy(policy)
   return nil
 end
 
--- Keeps H1 and H5 for one tenant after its queue changed.
+-- H7. A weight in integer units of 1e-6 (at least 1), so active_w is an exact integer sum:
+-- slot shares use weights rounded to 1e-6 (tier weights are >= 0.01).
+local function units(weight)
+  return math.max(1, math.floor(weight * 1e6 + 0.5))
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- T entered seen (enqueue): add it to active, or adjust for a changed weight.
+local function activate(tenant, weight)
+  local new = units(weight)
+  local old = tonumber(redis.call('ZSCORE', active, tenant) or '0')
+  if old ~= new then
+    redis.call('ZADD', active, int(new), tenant)
+    redis.call('HINCRBY', state, 'active_w', int(new - old))
+  end
+end
+
+-- T left seen or heads: drop it from active unless it is still in the other one.
+local function deactivate(tenant, other)
+  if redis.call('ZSCORE', other, tenant) then return end
+  local old = redis.call('ZSCORE', active, tenant)
+  if old then
+    redis.call('ZREM', active, tenant)
+    redis.call('HINCRBY', state, 'active_w', int(-tonumber(old)))
+  end
+end
+
+-- Keeps H1, H5 and H7 for one tenant after its queue changed; true when it emptied.
 local function repair_head(q, tenant, policy)
   local nxt = redis.call('ZRANGE', q, 0, 0)[1]
   if nxt then
     redis.call('ZADD', heads, head_score(parse(nxt), get_shift(tenant), policy), tenant)
-  else
-    redis.call('ZREM', heads, tenant)
-    redis.call('HDEL', shift, tenant)
+    return false
   end
+  redis.call('ZREM', heads, tenant)
+  redis.call('HDEL', shift, tenant)
+  deactivate(tenant, seen)
+  return true
 end
 
 -- Corrections move a tenant in virtual time by delta (tag units; negative gives credit back).

@@ -1,5 +1,5 @@
 -- complete: correct a tenant's tags once the real cost of a request is known.
--- KEYS: heads, items, state, last, shift, q(tenant), inflight(worker) (the last one unused
+-- KEYS: the eight common keys, q(tenant), inflight(worker) (the last one unused
 --       when request_id is '': the caller then guarantees exactly-once itself)
 -- ARGV: tenant, estimated cost, actual cost, weight, request_id or ''
 -- Returns the tenant's new last tag, or nil when request_id was given and was not in flight
@@ -10,7 +10,7 @@
 -- counter counts tokens actually served. Every request still queued for the tenant was queued
 -- behind this one (a tenant's queue is FIFO), so all of them move (shift_queue in common.lua);
 -- with none queued, the correction reaches the tenant's next enqueue (move_last).
-local q, inflight = KEYS[6], KEYS[7]
+local q, inflight = KEYS[9], KEYS[10]
 local tenant, rid = ARGV[1], ARGV[5]
 local est, actual, weight = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if not (est and actual and weight) or weight <= 0 then

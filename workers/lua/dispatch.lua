@@ -1,6 +1,10 @@
 -- dispatch: pop up to n requests in tag order into one worker's free capacity.
--- KEYS: heads, items, state, last, shift, inflight(worker)
--- ARGV: queue key prefix (+ tenant = queue key), n, kv budget, lookahead
+-- KEYS: the eight common keys, inflight(worker)
+-- ARGV: queue key prefix (+ tenant = queue key), n, kv budget, lookahead,
+--       fair ('1' = slot fairness, below; '0' = none), free slots, now ('' = the Redis
+--       server's clock), activity window (s), reserve fraction,
+--       then the sequences this worker runs now: the number of tenants running here, the
+--       sum of their counts, their ids and their counts (> 0), each list space-separated
 -- Returns {vtime, entry...} with effective tags; no entries when the pool is empty or the
 -- next request does not fit.
 --
@@ -12,19 +16,213 @@
 -- The id leaves items and its queue and enters the worker's in-flight set in this one
 -- script (H3): never in both, never dispatched twice, never dropped.
 -- Cost per request: O(log tenants + log queue length).
-local inflight = KEYS[6]
-local qprefix, policy = ARGV[1], pool_policy()
+--
+-- Slot fairness (policy "wfq" with fair = '1'; "fifo" ignores it and stays plain FIFO).
+-- A dispatched sequence holds its slot until it ends, so tag order alone lets a flood fill
+-- every slot the moment the other tenants' queues are empty, and their next requests wait for
+-- a long sequence to end. So each active tenant i has a fair share of this worker's slots,
+--   cap_i = max(1, floor(slots * u_i / U)), slots = free + running here,
+-- u_i = units(w_i) (the weight in integer units of 1e-6, common.lua), U = the sum of u over
+-- the active tenants: those in seen (enqueued within the window; see pruning below) or in
+-- heads (queued), which is the active hash (H7), and those running on this worker.
+-- S1 a tenant below its cap may take a free slot (tag order as ever);
+-- S2 a tenant at or over its cap may take one only if the free slots left after it are at
+--    least the reserve: the other active tenants' unused shares, sum of max(0, cap_j - run_j),
+--    but at most floor(fraction * slots), so a crowd of idle tenants cannot idle the worker;
+-- S3 a lone active tenant has cap = slots: every slot (work-conserving); fraction 0 turns
+--    S2 off (plain work-conserving WFQ).
+-- A tenant S2 blocks is skipped, not waited for: it already holds its share, so skipping it
+-- cannot starve it, and its tags and vtime are untouched. Blocked tenants all run here
+-- (cap >= 1), so the scan over heads is at most lookahead + 1 + the number of tenants running
+-- here (read in chunks, as most picks stop at the first heads). The running counts come from
+-- the worker (it knows its own sequences), so no shared counter exists that a crash, cancel
+-- or reaped worker could leave wrong.
+--
+-- Cost: never a pass over the active tenants. S1-S3 are computed exactly (no approximation;
+-- tests/test_wfq_properties.py compares every decision with a model that computes every cap
+-- and the whole unused sum), from the H7 aggregates and what the pick looks at:
+-- * A tenant that runs nothing here is below its cap (cap >= 1): S1 admits it with no cap.
+-- * S2 needs the unused sum only as min(unused, reserve_max). With R the tenants running
+--   here and O the other active ones, every cap >= 1 gives unused >= |O| >= |active| - |R|.
+--   Large mode, |active| - |R| >= reserve_max + n: the reserve is reserve_max for the whole
+--   call (each dispatch lowers unused by at most 1), and S2 is the same test for every
+--   tenant, free - 1 >= reserve_max.
+--   Small mode, otherwise: fewer than reserve_max + n + |R| <= 2 * slots + n tenants are
+--   active, so the active zset is read whole and every cap and the unused sum are computed
+--   as written above: O(slots), independent of the number of tenants in the pool.
+-- * In large mode a cap is needed only for a running tenant the pick looks at while S2 fails.
+--   U >= active_w (the sum over the active zset) and u <= umax (its largest score), so
+--   cap <= max(1, floor(slots * umax / active_w)), and then <= max(1, floor(slots * u /
+--   active_w)) with the tenant's own u (ZSCORE): a run count at either bound is at its cap,
+--   with no U. With many tenants the first bound is 1 and a blocked head costs a table
+--   look-up. Only otherwise is U made exact, once per call: active_w plus the weights of the
+--   running tenants missing from active (one ZMSCORE over R).
+-- So a call costs O(log tenants + lookahead + |R|): |R| <= slots for reading the worker's
+-- counts and the blocked heads the pick skips, however many tenants the pool has.
+-- * Pruning: seen members older than the window leave it (and active, unless queued), the
+--   oldest PRUNE (128) per call at most, so one call's work stays bounded after a mass
+--   expiry; each member is pruned once per enqueue, amortised O(log tenants). Members still
+--   waiting to be pruned count as active (their shares are kept a call or two longer).
+local inflight = KEYS[9]
+local st = redis.call('HMGET', state, 'policy', 'vtime', 'active_w')  -- one read of state
+local qprefix, policy = ARGV[1], st[1] or 'wfq'  -- as pool_policy()
 local n, budget, lookahead = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local fair = ARGV[5] == '1' and policy == 'wfq'
+local PRUNE, CHUNK = 128, 16
 
-local vtime0 = get_vtime()
+local vtime0 = tonumber(st[2] or '0')  -- as get_vtime()
 local vtime = vtime0
 local out = {''}
 
+-- Slot fairness state. run: this worker's sequences per tenant (-position in the counts
+-- until first read; counted up as this call dispatches); u: weight units; cap: exact caps;
+-- total: U once exact; active_w, umax: U's lower bound and the largest u in active (nil
+-- until read); unused: the total unused share (small mode only). gone: tenants this call
+-- took out of active (their queue emptied), which were in it when the call began.
+local run, here, u, cap, gone = {}, {}, {}, {}, {}
+local free, nrun, slots, reserve_max, small = 0, 0, 0, 0, false
+local active_w, total, umax, unused = 0, nil, nil, 0
+
+local counts  -- the counts argument as a list, read on first need
+local function running_count(tenant)
+  local r = run[tenant]
+  if r == nil then return 0 end
+  if r < 0 then
+    if not counts then
+      counts = {}
+      for c in string.gmatch(ARGV[13], '%d+') do counts[#counts + 1] = tonumber(c) end
+    end
+    r = counts[-r]
+    run[tenant] = r
+  end
+  return r
+end
+
+-- U exact, as at the call's start: active_w plus the running tenants not in active.
+local function exact_total()
+  if total then return total end
+  total = active_w
+  for t in string.gmatch(ARGV[12], '[^ ]+') do here[#here + 1] = t end
+  if #here > 0 then
+    local raw, missing = redis.call('ZMSCORE', active, unpack(here)), {}
+    for k, t in ipairs(here) do
+      if raw[k] then
+        u[t] = tonumber(raw[k])
+      elseif not gone[t] then
+        missing[#missing + 1] = t
+      end
+    end
+    if #missing > 0 then  -- running here only: active through this worker, not in H7
+      local ws = redis.call('HMGET', weights, unpack(missing))
+      for k, t in ipairs(missing) do
+        u[t] = units(tonumber(ws[k]) or 1)
+        total = total + u[t]
+      end
+    end
+  end
+  return total
+end
+
+-- Is this tenant, with r > 0 sequences here, below its cap? (Large mode; lazily.)
+local function below_cap(tenant, r)
+  if cap[tenant] then return r < cap[tenant] end
+  if not total then  -- cap <= the bounds, as U >= active_w and u <= umax (read by allowed)
+    if r >= math.max(1, math.floor(slots * umax / active_w)) then return false end
+    u[tenant] = u[tenant] or tonumber(redis.call('ZSCORE', active, tenant) or '')
+    if u[tenant] and r >= math.max(1, math.floor(slots * u[tenant] / active_w)) then
+      return false
+    end
+  end
+  local U = exact_total()
+  u[tenant] = u[tenant] or units(tonumber(redis.call('HGET', weights, tenant) or '1'))
+  cap[tenant] = math.max(1, math.floor(slots * u[tenant] / U))
+  return r < cap[tenant]
+end
+
+if fair then
+  free = tonumber(ARGV[6])
+  local now, window, fraction = clock(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+  local cutoff = '(' .. fmt(now - window)
+  local expired = redis.call('ZRANGEBYSCORE', seen, '-inf', cutoff, 'LIMIT', 0, PRUNE)
+  if #expired > 0 then  -- H6, H7
+    redis.call('ZREM', seen, unpack(expired))
+    for _, t in ipairs(expired) do deactivate(t, heads) end
+  end
+  nrun, slots = tonumber(ARGV[10]), free + tonumber(ARGV[11])
+  local k = 0
+  for t in string.gmatch(ARGV[12], '[^ ]+') do
+    k = k + 1
+    run[t] = -k
+  end
+  reserve_max = math.floor(fraction * slots + 1e-9)
+  if reserve_max > 0 then
+    active_w = tonumber(st[3] or '0')  -- after pruning: read again if it changed it
+    if #expired > 0 then active_w = tonumber(redis.call('HGET', state, 'active_w') or '0') end
+    small = redis.call('ZCARD', active) - nrun < reserve_max + n
+  end
+  if small then  -- every cap and the whole unused sum, O(slots)
+    local all = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')  -- < 2 * slots + n
+    local U = exact_total()
+    for i = 1, #all, 2 do
+      local t = all[i]
+      u[t] = tonumber(all[i + 1])
+      cap[t] = math.max(1, math.floor(slots * u[t] / U))
+      unused = unused + math.max(0, cap[t] - running_count(t))
+    end
+    for _, t in ipairs(here) do
+      if not cap[t] then  -- running here only
+        cap[t] = math.max(1, math.floor(slots * u[t] / U))
+        unused = unused + math.max(0, cap[t] - running_count(t))
+      end
+    end
+  end
+end
+
+-- Large mode with S2 failing (free - 1 < reserve_max): is every cap 1, i.e. slots * umax <
+-- 2 * active_w? Then a tenant may take a slot iff it runs nothing here. umax is read once.
+local one_slot_caps
+local function only_idle_tenants()
+  if not fair or reserve_max == 0 or small or free - 1 >= reserve_max then return false end
+  if one_slot_caps == nil then
+    umax = tonumber(redis.call('ZRANGE', active, -1, -1, 'WITHSCORES')[2] or '1')
+    one_slot_caps = math.floor(slots * umax / active_w) <= 1
+  end
+  return one_slot_caps
+end
+
+-- S1-S3: may this tenant take one more slot now?
+local function allowed(tenant)
+  if not fair or reserve_max == 0 then return true end  -- S3: no reserve
+  if run[tenant] == nil then return true end  -- S1: it runs nothing here, and cap >= 1
+  -- S2 (its own unused share is 0 at its cap). Large mode: unused >= reserve_max all call.
+  if small then
+    return running_count(tenant) < cap[tenant] or free - 1 >= math.min(unused, reserve_max)
+  end
+  if free - 1 >= reserve_max then return true end
+  if only_idle_tenants() then return false end  -- at its cap of 1: it runs >= 1 here
+  return below_cap(tenant, running_count(tenant))
+end
+
+-- The smallest-tag allowed head that fits, among the first lookahead + 1 + nrun heads.
 local function pick()
-  for _, tenant in ipairs(redis.call('ZRANGE', heads, 0, lookahead)) do
-    local entry = redis.call('ZRANGE', qprefix .. tenant, 0, 0)[1]
-    local item = parse(entry)
-    if item.kv <= budget then return tenant, entry, item end
+  local considered, limit, from = 0, lookahead + nrun, 0
+  local size = lookahead + 1 + math.min(nrun, CHUNK)
+  local idle_only = only_idle_tenants()  -- then allowed(t) is run[t] == nil, inlined
+  while from <= limit do
+    local to = math.min(limit, from + size - 1)
+    local batch = redis.call('ZRANGE', heads, from, to)
+    for i = 1, #batch do
+      local tenant = batch[i]
+      if (idle_only and run[tenant] == nil) or (not idle_only and allowed(tenant)) then
+        local entry = redis.call('ZRANGE', qprefix .. tenant, 0, 0)[1]
+        local item = parse(entry)
+        if item.kv <= budget then return tenant, entry, item end
+        considered = considered + 1
+        if considered > lookahead then return nil end
+      end
+    end
+    if #batch < to - from + 1 then return nil end  -- no more heads
+    from, size = to + 1, size * 4
   end
   return nil
 end
@@ -32,10 +230,18 @@ end
 while #out <= n do
   local tenant, entry, item = pick()
   if not tenant then break end
+  if fair then
+    local r = running_count(tenant)
+    if r == 0 then nrun = nrun + 1 end
+    -- small mode: its share is in use (every active tenant's cap is known; it is queued)
+    if small and r < cap[tenant] then unused = unused - 1 end
+    run[tenant] = r + 1
+    free = free - 1
+  end
   local q, off = qprefix .. tenant, get_shift(tenant)
   redis.call('ZREM', q, entry)
   redis.call('HDEL', items, item.rid)
-  repair_head(q, tenant, policy)
+  if repair_head(q, tenant, policy) then gone[tenant] = true end
   redis.call('SADD', inflight, item.rid)
   budget = budget - item.kv
   local start = item.start + off

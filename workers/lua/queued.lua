@@ -1,5 +1,5 @@
 -- queued: every queued request with its effective tags, as one consistent snapshot.
--- KEYS: heads, items, state, last, shift. Returns a list of packed entries.
+-- KEYS: the eight common keys. Returns a list of packed entries.
 local out, offs = {}, {}
 for _, entry in ipairs(redis.call('HVALS', items)) do
   local item = parse(entry)

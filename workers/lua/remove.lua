@@ -1,5 +1,5 @@
 -- remove: drop a still-queued request (its client went away before dispatch).
--- KEYS: heads, items, state, last, shift, q(tenant)
+-- KEYS: the eight common keys, q(tenant)
 -- ARGV: tenant, request_id
 -- Returns 1 if removed, 0 if it was not queued for this tenant (already dispatched,
 -- removed, or another tenant's id: a tenant can never cancel someone else's request).
@@ -8,7 +8,7 @@
 -- request gives the credit to the tenant's next enqueue (move_last), because the requests
 -- ahead of it must not move: otherwise queueing a large request and cancelling it would pull
 -- the head forward.
-local q = KEYS[6]
+local q = KEYS[9]
 local tenant, rid, policy = ARGV[1], ARGV[2], pool_policy()
 local entry = redis.call('HGET', items, rid)
 if not entry then return 0 end
