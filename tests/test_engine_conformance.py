@@ -305,6 +305,77 @@ def test_closing_the_stream_aborts(backend: Backend) -> None:
         assert _eventually(lambda: backend.upstream_load()["running"] == 0)
 
 
+def test_stream_delivers_what_generate_does(backend: Backend) -> None:
+    """Engine.stream (the worker's call: deltas by callback, the last one returned) streams the
+    same output as generate, for backends that override it (simulated) and those that don't."""
+    ids = prompt_ids()
+
+    async def scenario(engine: Engine) -> tuple[list[TokenDelta], TokenDelta | None, list]:
+        seen: list[TokenDelta] = []
+        last = await engine.stream(request("r-stream", ids, 12), seen.append)
+        return seen, last, await collect(engine, request("r-gen", ids, 12))
+
+    seen, last, generated = run(backend, scenario)
+    assert last is not None and last is seen[-1]
+    assert all(d.finish_reason is None for d in seen[:-1])
+    assert last.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert "".join(d.text for d in seen) == "".join(d.text for d in generated)
+    usage, again = last.usage, generated[-1].usage  # (the second may hit the prefix cache)
+    assert usage is not None and again is not None
+    assert (usage.prompt_tokens, usage.output_tokens) == (again.prompt_tokens, again.output_tokens)
+
+
+def test_an_abort_from_the_callback_ends_the_stream(backend: Backend) -> None:
+    ids = prompt_ids()
+
+    async def scenario(engine: Engine) -> tuple[TokenDelta | None, int, Any]:
+        seen: list[TokenDelta] = []
+        tasks: list[asyncio.Task[None]] = []
+
+        def on_delta(delta: TokenDelta) -> None:
+            seen.append(delta)
+            if len(seen) == 3:
+                tasks.append(asyncio.ensure_future(engine.abort("r-cb")))
+
+        req = request("r-cb", ids, backend.long_tokens, ignore_eos=True, temperature=0.8, seed=1)
+        last = await engine.stream(req, on_delta)
+        return last, len(seen), engine.load()
+
+    last, n, load = run(backend, scenario)
+    assert last is not None and last.finish_reason == FinishReason.ABORT
+    assert last.usage is not None and 3 <= last.usage.output_tokens < backend.long_tokens
+    assert n < backend.long_tokens
+    assert load.running == 0 and load.waiting == 0
+
+
+def test_cancelling_a_stream_call_aborts(backend: Backend) -> None:
+    ids = prompt_ids()
+
+    async def scenario(engine: Engine) -> list[TokenDelta]:
+        three = asyncio.Event()
+        seen: list[TokenDelta] = []
+
+        def on_delta(delta: TokenDelta) -> None:
+            seen.append(delta)
+            if len(seen) >= 3:
+                three.set()
+
+        call = asyncio.ensure_future(engine.stream(
+            request("r-cancel", ids, backend.long_tokens, ignore_eos=True, temperature=0.8,
+                    seed=1), on_delta))
+        await three.wait()
+        call.cancel()  # the worker's request task went away: that is an abort
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert await wait_until(lambda: engine.load().running == 0)
+        return await collect(engine, request("r-cancel", ids, 2))  # the id is free again
+
+    deltas = run(backend, scenario)
+    assert deltas[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    if backend.upstream_load is not None:
+        assert _eventually(lambda: backend.upstream_load()["running"] == 0)
+
+
 def test_prefix_cache_is_scoped_by_tenant_salt(backend: Backend) -> None:
     if not backend.reports_cached:
         pytest.skip(f"{backend.name} reports no cached tokens and takes no salt; the registry "

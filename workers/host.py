@@ -34,7 +34,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,7 @@ def new_worker_id(pool: str) -> str:
 class _Running:
     rid: str
     kv_tokens: int
+    tenant: str = ""  # for the dispatcher's slot fairness (per-tenant running counts)
     started: bool = False  # the sequence was submitted to the engine
     cancel_reason: str = ""
     reaped: bool = False  # the janitor settled it already (this worker was declared dead)
@@ -100,6 +101,9 @@ class _Running:
     # has a hole, so the request is aborted and ends with a retryable error; nothing more is
     # written to its stream (after a restart that would recreate keys without a TTL).
     broken: bool = False
+    first_sent: bool = False  # its first tokens are in a step batch (stamps first_token_at)
+    invalid: bool = False  # the engine sent ids outside the vocabulary: aborted, fails
+    stream: asyncio.Future[TokenDelta | None] | None = None  # the engine.stream() call
 
 
 class EngineHost:
@@ -203,18 +207,26 @@ class EngineHost:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
+            # This worker's own sequences per tenant: the dispatcher caps a tenant at its
+            # weighted share of our slots while others are active (workers/lua/dispatch.lua).
+            # Counted from self.running, so no shared counter can be left wrong by an exit path.
+            running: dict[str, int] = {}
+            for entry in self.running.values():
+                if entry.tenant:
+                    running[entry.tenant] = running.get(entry.tenant, 0) + 1
             try:
                 items = await self._wfq.dispatch_many(
                     self.spec.name, n=free_slots, free_slots=free_slots,
                     free_kv_tokens=max(0, self.spec.kv_cache_tokens - self._reserved_kv()),
                     overcommit=self.spec.kv_overcommit, worker_id=self.worker_id,
+                    running=running,
                 )
             except Exception:
                 log.exception("dispatch failed")
                 await asyncio.sleep(WAKE_TIMEOUT_S)
                 continue
             for item in items:
-                self._start(item.request_id, item.kv_tokens)
+                self._start(item.request_id, item.kv_tokens, item.tenant_id)
             if not items:
                 await self._wait_for_work()
 
@@ -227,8 +239,8 @@ class EngineHost:
             log.exception("waiting for work failed")
             await asyncio.sleep(WAKE_TIMEOUT_S)
 
-    def _start(self, rid: str, kv_tokens: int) -> None:
-        self.running[rid] = _Running(rid, kv_tokens)
+    def _start(self, rid: str, kv_tokens: int, tenant: str = "") -> None:
+        self.running[rid] = _Running(rid, kv_tokens, tenant=tenant)
         task = asyncio.create_task(self._serve(rid), name=f"serve-{rid}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -285,31 +297,52 @@ class EngineHost:
             adapter=(payload.get("adapter") or b"").decode() or None,
         )
 
+    def _on_delta(self, entry: _Running, delta: TokenDelta) -> None:
+        """One delta into this step's batch. Called synchronously, from inside the engine's
+        step for engines that batch (``Engine.stream``): keep it cheap and never raise."""
+        if entry.invalid:
+            return
+        if entry.cancel_reason and delta.finish_reason is None:
+            self._abort_soon(entry.rid)  # a cancel that came before the engine had it
+        if not self._valid_ids(delta.token_ids):
+            # Garbage from the engine fails this request only; what reached the client before
+            # is billed (output None = the delivered count), nothing after (see _generate).
+            # Cancelling the stream call is the abort, for every backend (Engine.stream).
+            entry.invalid = True
+            if entry.stream is not None:
+                entry.stream.cancel()
+            return
+        if (delta.token_ids or delta.text) and not entry.broken:
+            self._batch.add(entry.rid, delta.text, len(delta.token_ids),
+                            first=not entry.first_sent)
+            entry.first_sent = True
+            self._flush_soon()
+
+    def _abort_soon(self, rid: str) -> None:
+        task = asyncio.create_task(self.engine.abort(rid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _generate(self, entry: _Running, request: EngineRequest) -> None:
-        rid, first, last = entry.rid, True, None
+        rid = entry.rid
         entry.started = True
+        entry.stream = asyncio.ensure_future(
+            self.engine.stream(request, lambda d: self._on_delta(entry, d)))
         try:
-            async for delta in self.engine.generate(request):
-                if entry.cancel_reason and delta.finish_reason is None:
-                    await self.engine.abort(rid)  # a cancel that came before the engine had it
-                if not self._valid_ids(delta.token_ids):
-                    # Garbage from the engine fails this request only; what reached the client
-                    # before is billed (output None = the delivered count), nothing after.
-                    await self.engine.abort(rid)
-                    await self._settle(
-                        rid, Status.ERROR, FinishReason.ERROR, None, 0, None,
-                        error_code="engine_invalid_output",
-                        event=transport.error_event(
-                            "engine_invalid_output", "The model server returned invalid "
-                            "output for this request; please retry.", retryable=True))
-                    return
-                if (delta.token_ids or delta.text) and not entry.broken:
-                    self._batch.add(rid, delta.text, len(delta.token_ids), first=first)
-                    first = False
-                    self._flush_soon()
-                if delta.finish_reason is not None:
-                    last = delta
-                    break
+            try:
+                last = await entry.stream
+            except asyncio.CancelledError:
+                if not entry.invalid or _cancelling():
+                    raise
+                last = None
+            if entry.invalid:
+                await self._settle(
+                    rid, Status.ERROR, FinishReason.ERROR, None, 0, None,
+                    error_code="engine_invalid_output",
+                    event=transport.error_event(
+                        "engine_invalid_output", "The model server returned invalid "
+                        "output for this request; please retry.", retryable=True))
+                return
         except EngineError as exc:
             usage = getattr(exc, "usage", None)
             await self._settle(
@@ -403,7 +436,11 @@ class EngineHost:
             self._break(batch.tokens)
             return
         for waiter, reply in zip(waiters, replies, strict=True):
-            if not waiter.done():
+            if waiter.done():
+                continue
+            if isinstance(reply, Exception):  # Redis refused this settle (the others count)
+                waiter.set_exception(reply)
+            else:
                 waiter.set_result(reply)
 
     def _break(self, rids: Iterable[str]) -> None:
@@ -412,9 +449,7 @@ class EngineHost:
             entry = self.running.get(rid)
             if entry is not None and not entry.broken:
                 entry.broken = True
-                task = asyncio.create_task(self.engine.abort(rid))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._abort_soon(rid)
 
     # -- cancel, heartbeats, janitor ----------------------------------------------------------
 
@@ -512,6 +547,16 @@ def _usage(prompt: int, completion: int, cached: int) -> dict[str, int]:
 # -- Celery integration -----------------------------------------------------------------------
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (it comes with uvicorn[standard]), as the gateway runs on: the
+    host's per-step work is callbacks and socket writes, which uvloop does at half the cost."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 class HostThread:
     """Runs an EngineHost on its own event loop in a daemon thread."""
 
@@ -522,7 +567,8 @@ class HostThread:
 
     def _main(self) -> None:
         try:
-            asyncio.run(self.host.run())
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                runner.run(self.host.run())
         except BaseException as exc:  # reported to the starter, which fails the worker
             self.error = exc
             log.exception("engine host stopped with an error")

@@ -169,8 +169,10 @@ class _Seq:
         "out",
         "prompt_len",
         "req",
+        "result",
         "rng",
         "sent",
+        "sink",
         "status",
         "stop_ids",
         "stops",
@@ -202,6 +204,10 @@ class _Seq:
         self.fault = fault
         self.out: deque[TokenDelta | EngineError] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        # stream(): deltas go straight to ``sink`` inside the step; the last one (or the
+        # error) resolves ``result``. generate() uses ``out`` and ``waiter`` instead.
+        self.sink: Callable[[TokenDelta], None] | None = None
+        self.result: asyncio.Future[TokenDelta] | None = None
         self.rng: Callable[[], float] | None = None
         self.detok: IncrementalDetokenizer | None = None
         self.finish_len = 0
@@ -235,6 +241,7 @@ class SimulatedEngine(Engine):
         self._wake: asyncio.Event | None = None
         self._stall_until = 0.0
         self._step_end = float("-inf")
+        self._step_len = 0.0
         # Called after every engine step (tests check invariants here, benchmarks sample load).
         self.on_step: Callable[[SimulatedEngine], None] | None = None
         self.stats = {"steps": 0, "preemptions": 0, "prompt_tokens_computed": 0, "output_tokens": 0}
@@ -276,6 +283,19 @@ class SimulatedEngine(Engine):
         finally:
             # Consumer closed or cancelled before the end: that is an abort (as in vLLM).
             if seq.status != FINISHED:
+                self._finish(seq, FinishReason.ABORT)
+
+    async def stream(self, request: EngineRequest,
+                     on_delta: Callable[[TokenDelta], None]) -> TokenDelta | None:
+        """Deltas reach ``on_delta`` from inside the engine step that made them (no task switch
+        per token); the caller wakes once, at the end (see ``Engine.stream``)."""
+        seq = self._submit(request)
+        seq.sink = on_delta
+        seq.result = asyncio.get_running_loop().create_future()
+        try:
+            return await seq.result
+        finally:
+            if seq.status != FINISHED:  # the caller was cancelled: that is an abort
                 self._finish(seq, FinishReason.ABORT)
 
     async def abort(self, request_id: str) -> None:
@@ -361,9 +381,12 @@ class SimulatedEngine(Engine):
                 await clock.sleep(self._stall_until - clock.now())
             try:
                 start = clock.now()
-                if start - self._step_end < 0.005:
-                    # Back to back with the last step: our own Python time is part of the
-                    # modelled step, so a real-time engine keeps the configured rates.
+                if start - self._step_end < max(0.005, self._step_len):
+                    # Back to back with the last step, late by less than a step: our own
+                    # Python time (emitting 1,000 deltas, say) overlaps the modelled step, as
+                    # a real engine's CPU scheduling overlaps its accelerator's work, so the
+                    # configured rates hold. Later than that, the engine was idle or starved
+                    # of CPU: start afresh rather than burst to catch up.
                     start = self._step_end
                 plan, n_decode, n_prefill = self._schedule()
                 if not plan:
@@ -371,7 +394,8 @@ class SimulatedEngine(Engine):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                self._step_end = start + self.config.step_seconds(n_decode, n_prefill)
+                self._step_len = self.config.step_seconds(n_decode, n_prefill)
+                self._step_end = start + self._step_len
                 await clock.sleep(max(0.0, self._step_end - clock.now()))
                 self._complete(plan)
                 if self.on_step is not None:
@@ -535,12 +559,35 @@ class SimulatedEngine(Engine):
         return False
 
     def _push(self, seq: _Seq, item: TokenDelta | EngineError) -> None:
+        if seq.result is not None:
+            self._deliver(seq, item)
+            return
         seq.out.append(item)
         waiter = seq.waiter
         if waiter is not None:
             seq.waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _deliver(self, seq: _Seq, item: TokenDelta | EngineError) -> None:
+        result = seq.result
+        assert result is not None and seq.sink is not None
+        if type(item) is TokenDelta:
+            try:
+                seq.sink(item)
+                if item.finish_reason is None:
+                    return
+            except Exception as exc:  # the caller's bug fails its request, not the step
+                log.exception("stream callback failed for %s", seq.req.request_id)
+                if seq.status != FINISHED:
+                    self._release(seq)
+                item = EngineError(f"stream callback failed: {exc}", retryable=True,
+                                   usage=seq.usage())
+        if not result.done():
+            if type(item) is TokenDelta:
+                result.set_result(item)
+            else:
+                result.set_exception(item)
 
     def _release(self, seq: _Seq, unlist: bool = True) -> None:
         """Take the sequence out of the engine and free its KV blocks (now, not next step).
