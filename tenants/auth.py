@@ -30,6 +30,7 @@ request fails closed with 503 ``auth_unavailable``.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -200,12 +201,56 @@ async def aauthenticate(authorization: str | bytes | None) -> Principal:
     principal = _cached(hashes, epoch)
     if principal is None:
         try:
-            found = await database_sync_to_async(_load)(hashes, well_formed)
+            found = await _aload(hashes, well_formed, epoch)
         except DatabaseError:
             return _admit(_stale(hashes, epoch))
         _store(found, epoch)
         principal = found[0] if found else None
     return _admit(principal)
+
+
+# Cache misses being loaded, per event loop, credential and auth epoch: when a busy key's entry
+# expires (every AUTH_CACHE_SECONDS), the requests that arrive during the lookup share that one
+# query instead of each taking a database thread and connection (the overhead benchmark's p99
+# tail). The epoch is part of the flight: a request that saw a newer epoch (a revocation) must
+# not take a lookup that began before it, or it would cache a revoked key under the new epoch.
+_Flight = tuple[int, tuple[tuple[int, str], ...], bool, bytes | None]
+_loading: dict[_Flight, asyncio.Future[tuple[Principal, str] | None]] = {}
+
+
+class _LeaderGone(Exception):
+    """The request doing a shared lookup was cancelled (its client left): lead one anew."""
+
+
+async def _aload(hashes: list[tuple[int, str]], well_formed: bool,
+                 epoch: bytes | None) -> tuple[Principal, str] | None:
+    loop = asyncio.get_running_loop()
+    flight: _Flight = (id(loop), tuple(hashes), well_formed, epoch)
+    while (shared := _loading.get(flight)) is not None and shared.get_loop() is loop:
+        try:
+            # shield: a follower that goes away must not cancel the others' lookup.
+            return await asyncio.shield(shared)
+        except _LeaderGone:
+            continue
+    # The leader runs the query in its own task, as an unshared lookup would (Django's
+    # thread-sensitive database calls follow the caller's context).
+    mine: asyncio.Future[tuple[Principal, str] | None] = loop.create_future()
+    _loading[flight] = mine
+    try:
+        found = await database_sync_to_async(_load)(hashes, well_formed)
+    except BaseException as exc:
+        _land(flight, mine)
+        mine.set_exception(exc if isinstance(exc, Exception) else _LeaderGone())
+        mine.exception()  # retrieved, even if nobody was waiting
+        raise
+    _land(flight, mine)
+    mine.set_result(found)
+    return found
+
+
+def _land(flight: _Flight, mine: asyncio.Future[Any]) -> None:
+    if _loading.get(flight) is mine:
+        del _loading[flight]
 
 
 def _digest(authorization: str | bytes | None) -> tuple[bool, list[tuple[int, str]]]:

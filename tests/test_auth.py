@@ -223,6 +223,80 @@ def test_async_authenticate_matches_sync():
     assert err.value.body == INVALID_BODY
 
 
+def _counting_load(monkeypatch) -> list[int]:
+    """Count (and slow down, so concurrent callers overlap) the database lookups."""
+    calls: list[int] = []
+    real = auth._load
+
+    def slow_load(hashes, well_formed):
+        calls.append(1)
+        time.sleep(0.05)
+        return real(hashes, well_formed)
+
+    monkeypatch.setattr(auth, "_load", slow_load)
+    return calls
+
+
+@pytest.mark.django_db(transaction=True)  # lookups from concurrent tasks
+def test_concurrent_misses_for_one_key_share_one_lookup(monkeypatch):
+    """When a busy key's cache entry expires, the requests arriving meanwhile share one query."""
+    _, plaintext = make_key(make_tenant())
+    calls = _counting_load(monkeypatch)
+
+    async def burst() -> list[Principal]:
+        import asyncio
+
+        return await asyncio.gather(*(aauthenticate(bearer(plaintext)) for _ in range(20)))
+
+    principals = async_to_sync(burst)()
+    assert len(calls) == 1
+    assert len({p.key_id for p in principals}) == 1
+    assert not auth._loading  # the flight is forgotten once it lands
+    clear_cache()
+    async_to_sync(aauthenticate)(bearer(plaintext))
+    assert len(calls) == 2  # a later miss looks up again
+
+
+@pytest.mark.django_db(transaction=True)  # lookups from concurrent tasks
+def test_a_lookup_is_not_shared_across_auth_epochs(monkeypatch):
+    """A request that saw a newer epoch (a revocation) must not take an older lookup's answer."""
+    _, plaintext = make_key(make_tenant())
+    calls = _counting_load(monkeypatch)
+    well_formed, hashes = auth._digest(bearer(plaintext))
+
+    async def two_epochs() -> list:
+        import asyncio
+
+        return await asyncio.gather(auth._aload(hashes, well_formed, b"1"),
+                                    auth._aload(hashes, well_formed, b"2"),
+                                    auth._aload(hashes, well_formed, b"2"))
+
+    found = async_to_sync(two_epochs)()
+    assert len(calls) == 2
+    assert all(f is not None for f in found)
+
+
+@pytest.mark.django_db(transaction=True)  # lookups from concurrent tasks
+def test_the_leader_going_away_hands_the_lookup_to_a_waiter(monkeypatch):
+    """The request doing the shared lookup is cancelled (its client left): a waiter must still
+    get an answer, by leading a lookup of its own, and no flight may be left behind."""
+    _, plaintext = make_key(make_tenant())
+    calls = _counting_load(monkeypatch)
+
+    async def one_leaves() -> Principal:
+        import asyncio
+
+        first = asyncio.ensure_future(aauthenticate(bearer(plaintext)))
+        second = asyncio.ensure_future(aauthenticate(bearer(plaintext)))
+        await asyncio.sleep(0.01)
+        first.cancel()  # its client disconnected during the lookup
+        return await second
+
+    assert async_to_sync(one_leaves)().tenant_id is not None
+    assert len(calls) == 2
+    assert not auth._loading
+
+
 @pytest.mark.django_db
 def test_failures_are_never_cached(django_assert_num_queries):
     unknown = bearer(generate_key())
