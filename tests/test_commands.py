@@ -169,8 +169,10 @@ def test_bootstrap_demo_is_idempotent_and_prints_secrets_once(monkeypatch):
     assert Quota.objects.filter(tenant__slug="demo", model=None).count() == 1
 
     counts = [m.objects.count() for m in (Tier, ServedModel, Pool, Tenant, Quota, ApiKey)]
+    assert "curl -N" in first and "from openai import OpenAI" in first
     second, _ = run("bootstrap_demo")
     assert "password" not in second and not KEY_RE.search(second)
+    assert "issue_key demo" in second  # how to get another key, since it is shown only once
     assert counts == [m.objects.count() for m in (Tier, ServedModel, Pool, Tenant, Quota, ApiKey)]
 
     ApiKey.objects.filter(tenant__slug="demo").revoke()

@@ -17,10 +17,10 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from tenants.demo import DEMO_MODEL, try_it
 from tenants.keys import issue_key
 from tenants.models import ApiKey, Pool, Quota, ServedModel, Tenant, Tier
 
-DEMO_MODEL = "sim-small"
 DEMO_POOL = "sim-local"
 DEMO_TENANT = "demo"
 ADMIN_USER = "admin"
@@ -28,6 +28,10 @@ ADMIN_USER = "admin"
 
 class Command(BaseCommand):
     help = "Ensure the demo tier, model, pool, tenant, admin user and key exist (idempotent)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--base-url", default="http://127.0.0.1:8000",
+                            help="Where the gateway will answer, for the printed examples.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         password = os.environ.get("GATEWAY_ADMIN_PASSWORD", "")
@@ -42,6 +46,10 @@ class Command(BaseCommand):
             self.stdout.write("  (shown once; set GATEWAY_ADMIN_PASSWORD to choose it)")
         if plaintext:
             self.stdout.write(f"Demo API key for tenant '{DEMO_TENANT}' (shown once): {plaintext}")
+            self.stdout.write(try_it(options["base_url"].rstrip("/"), plaintext))
+        else:
+            self.stdout.write(f"The demo key was shown when it was made; for another: "
+                              f".venv/bin/python manage.py issue_key {DEMO_TENANT} --name demo")
         self.stdout.write(f"Demo ready: tenant '{DEMO_TENANT}', model '{DEMO_MODEL}', "
                           f"pool '{DEMO_POOL}'.")
 

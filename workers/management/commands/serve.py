@@ -20,6 +20,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tenants.demo import try_it
+
 STARTUP_TIMEOUT_S = 60.0
 
 
@@ -64,7 +66,9 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"Gateway on {base}  (admin: {base}/admin/, OpenAI API: {base}/v1/)\n"
             f"Redis: {env['REDIS_URL']}  pools: {', '.join(pools) or '(none enabled)'}\n"
-            "Ctrl-C stops everything (workers finish their running sequences first)."))
+            "Ctrl-C stops everything (workers finish their running sequences first).\n"
+            + try_it(base) + "\n(export IGW_KEY=the demo key printed above, or a new one "
+            "from `.venv/bin/python manage.py issue_key demo --name mine`)"))
         code = self._supervise(children, stopping)
         if code:
             raise CommandError(f"a child process exited with status {code}", returncode=code)
