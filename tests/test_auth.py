@@ -287,8 +287,10 @@ def test_the_leader_going_away_hands_the_lookup_to_a_waiter(monkeypatch):
         import asyncio
 
         first = asyncio.ensure_future(aauthenticate(bearer(plaintext)))
+        while not auth._loading:  # the first request now leads the (slow) lookup
+            await asyncio.sleep(0.001)
         second = asyncio.ensure_future(aauthenticate(bearer(plaintext)))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.005)  # (usually) waiting on the first's lookup by now
         first.cancel()  # its client disconnected during the lookup
         return await second
 

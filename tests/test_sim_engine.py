@@ -309,11 +309,11 @@ def test_real_time_rate_holds_when_each_step_costs_cpu_time_under_a_step():
     """Emitting a big batch's deltas takes CPU time after every step (1,000 streams: ~7 ms).
     As long as that is under one step the configured rate must hold, as a real engine's CPU
     work overlaps its accelerator's; it used to be added to every step (29 of 33 tok/s)."""
-    config = SimConfig(decode_tokens_per_s=100.0, pool_tokens_per_s=None)  # 10 ms steps
+    config = SimConfig(decode_tokens_per_s=50.0, pool_tokens_per_s=None)  # 20 ms steps
 
     async def main() -> float:
         engine = SimulatedEngine(config, clock=RealClock())
-        engine.on_step = lambda _: time.sleep(0.006)  # 6 ms of work after each 10 ms step
+        engine.on_step = lambda _: time.sleep(0.008)  # 8 ms of work after each 20 ms step
         await engine.start()
         started = time.monotonic()
         run = await consume(engine, req("r", max_tokens=60, ignore_eos=True))
@@ -323,8 +323,9 @@ def test_real_time_rate_holds_when_each_step_costs_cpu_time_under_a_step():
         return 60 / elapsed
 
     rate = asyncio.run(main())
-    # 100 tok/s configured; with the 6 ms lost per step it would be 62.5.
-    assert 85 <= rate <= 110, rate
+    # 50 tok/s configured; with the 8 ms lost per step it would be 35.7. (A loaded machine may
+    # oversleep the 8 ms by up to 12 ms before the rate drops.)
+    assert 42 <= rate <= 55, rate
 
 
 # -- scheduling and KV memory -------------------------------------------------------------
