@@ -59,6 +59,7 @@ RELAY_CLIENT_NAME = "igw-relay"  # CLIENT LIST shows one such connection per gat
 # Redis unreachable this long: every open stream of the process ends with a retryable error
 # instead of waiting for its deadline (a client retries sooner than a total deadline).
 RELAY_OUTAGE_FAIL_S = 3.0
+RECONNECT_MAX_S = 0.5  # one connection attempt per process at most this often while down
 LOST_EVENT_ID = "18446744073709551615-0"  # after any real entry id, so every consumer takes it
 
 
@@ -433,7 +434,9 @@ class StreamReader:
                                "The service lost its state store; please retry.")
                 await self._drop_conn()
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                # At most RECONNECT_MAX_S between tries: a Redis back within the outage budget
+                # (RELAY_OUTAGE_FAIL_S) is found in time, not after one long sleep past it.
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
 
     def _fail(self, stream_keys: list[str], code: str, message: str) -> None:
         """End these streams' consumers with a retryable error (their stream is gone)."""
