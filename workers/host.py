@@ -34,6 +34,7 @@ import os
 import socket
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,7 +95,6 @@ class _Running:
     rid: str
     kv_tokens: int
     tenant: str = ""  # for the dispatcher's slot fairness (per-tenant running counts)
-    started: bool = False  # the sequence was submitted to the engine
     cancel_reason: str = ""
     reaped: bool = False  # the janitor settled it already (this worker was declared dead)
     # A step batch with its tokens could not be written (Redis down or restarted): the stream
@@ -104,6 +104,11 @@ class _Running:
     first_sent: bool = False  # its first tokens are in a step batch (stamps first_token_at)
     invalid: bool = False  # the engine sent ids outside the vocabulary: aborted, fails
     stream: asyncio.Future[TokenDelta | None] | None = None  # the engine.stream() call
+
+    @property
+    def started(self) -> bool:
+        """The sequence was submitted to the engine."""
+        return self.stream is not None
 
 
 class EngineHost:
@@ -119,6 +124,10 @@ class EngineHost:
         self.dead_after_s = dead_after_s or settings.WORKER_DEAD_AFTER_SECONDS
         self.drain_timeout_s = drain_timeout_s
         self.running: dict[str, _Running] = {}
+        # Derived from running, kept as it changes (_start, _freed) rather than recounted on
+        # every dispatch: this worker's sequences per tenant (slot fairness) and reserved KV.
+        self._per_tenant: Counter[str] = Counter()
+        self._kv_reserved = 0
         self.ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -197,7 +206,7 @@ class EngineHost:
     # -- dispatch -----------------------------------------------------------------------------
 
     def _reserved_kv(self) -> int:
-        return sum(r.kv_tokens for r in self.running.values())
+        return self._kv_reserved
 
     async def _dispatch_loop(self) -> None:
         assert self._slot_freed is not None
@@ -207,19 +216,15 @@ class EngineHost:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
-            # This worker's own sequences per tenant: the dispatcher caps a tenant at its
-            # weighted share of our slots while others are active (workers/lua/dispatch.lua).
-            # Counted from self.running, so no shared counter can be left wrong by an exit path.
-            running: dict[str, int] = {}
-            for entry in self.running.values():
-                if entry.tenant:
-                    running[entry.tenant] = running.get(entry.tenant, 0) + 1
             try:
                 items = await self._wfq.dispatch_many(
                     self.spec.name, n=free_slots, free_slots=free_slots,
                     free_kv_tokens=max(0, self.spec.kv_cache_tokens - self._reserved_kv()),
                     overcommit=self.spec.kv_overcommit, worker_id=self.worker_id,
-                    running=running,
+                    # This worker's own sequences per tenant: the dispatcher caps a tenant at its
+                    # weighted share of our slots while others are active (ADR 0006). Ours, so
+                    # no shared counter can be left wrong by an exit path.
+                    running=self._per_tenant,
                 )
             except Exception:
                 log.exception("dispatch failed")
@@ -241,12 +246,21 @@ class EngineHost:
 
     def _start(self, rid: str, kv_tokens: int, tenant: str = "") -> None:
         self.running[rid] = _Running(rid, kv_tokens, tenant=tenant)
+        self._kv_reserved += kv_tokens
+        if tenant:
+            self._per_tenant[tenant] += 1
         task = asyncio.create_task(self._serve(rid), name=f"serve-{rid}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def _freed(self, rid: str) -> None:
-        self.running.pop(rid, None)
+        entry = self.running.pop(rid, None)
+        if entry is not None:
+            self._kv_reserved -= entry.kv_tokens
+            if entry.tenant:
+                self._per_tenant[entry.tenant] -= 1
+                if not self._per_tenant[entry.tenant]:
+                    del self._per_tenant[entry.tenant]
         assert self._slot_freed is not None
         self._slot_freed.set()
         task = asyncio.create_task(self._wake_self("slot"))
@@ -325,7 +339,6 @@ class EngineHost:
 
     async def _generate(self, entry: _Running, request: EngineRequest) -> None:
         rid = entry.rid
-        entry.started = True
         entry.stream = asyncio.ensure_future(
             self.engine.stream(request, lambda d: self._on_delta(entry, d)))
         try:
