@@ -34,7 +34,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
-from gateway.redis_conn import get_redis, key  # noqa: E402
+from infra.redis_conn import get_redis, key  # noqa: E402
 from tenants.keys import issue_key  # noqa: E402
 from tenants.models import Pool, Quota, ServedModel, Tenant, Tier  # noqa: E402
 from tests import procs  # noqa: E402

@@ -36,8 +36,8 @@ django.setup()
 import redis  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 
-from gateway.redis_conn import redis_url  # noqa: E402
-from workers.wfq import AsyncWfq, Prices, Wfq, inflight_key  # noqa: E402
+from infra.redis_conn import redis_url  # noqa: E402
+from serving.wfq import AsyncWfq, Prices, Wfq, inflight_key  # noqa: E402
 
 WORKER = "bench-worker"
 PRICES = Prices(1.0, 2.0)

@@ -77,7 +77,7 @@ def main() -> None:
                 tenants=[TenantSpec("bench", quota=QUOTA)]) as system:
         run_async(run_rate(system, 20, 1))  # warm up: tokenizer, connections, caches
         for rate in rates:
-            from gateway.redis_conn import get_redis, key
+            from infra.redis_conn import get_redis, key
 
             get_redis().delete(key("usage", "pending"))
             gw, wk = system.gateway_pids[0], system.worker_procs[0].pid

@@ -7,7 +7,7 @@ Four configurations: FIFO or WFQ, with or without a per-tenant budget of 1,000 t
 8,000) charged at admission.
 
 Unlike the design's tick simulation, every request here goes through the production code:
-``gateway.accounting.admit`` (the token buckets, on Redis), ``workers.wfq`` (per-tenant queues
+``serving.admission.admit`` (the token buckets, on Redis), ``serving.wfq`` (per-tenant queues
 and the dispatcher, on Redis) and ``SimulatedEngine`` (continuous batching, paged KV cache),
 on a virtual clock so 60 s of traffic takes a few seconds. The dispatcher loop passes its
 per-tenant running counts, as ``EngineHost`` does, so WFQ keeps each active tenant's share of
@@ -41,12 +41,12 @@ import django
 
 django.setup()
 
-from gateway import accounting  # noqa: E402
-from gateway.accounting import AdmissionLimits, Rejected, ScopeLimits  # noqa: E402
+from serving import admission as accounting  # noqa: E402
+from serving.admission import AdmissionLimits, Rejected, ScopeLimits  # noqa: E402
+from serving.wfq import DispatchedItem, Prices, Wfq  # noqa: E402
 from workers.engine.base import EngineRequest, SamplingParams  # noqa: E402
 from workers.engine.clock import VirtualClock  # noqa: E402
 from workers.engine.simulated import SimConfig, SimulatedEngine  # noqa: E402
-from workers.wfq import DispatchedItem, Prices, Wfq  # noqa: E402
 
 CAPACITY = 2000  # tokens per second for the whole pool
 PER_SEQ = 500  # tokens per second for one sequence

@@ -50,7 +50,7 @@ from _http import (
     sse_post,
 )
 
-from gateway.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key
 
 BIG = 10**9
 LONG_PROMPT = "Summarise the following report. " + "The quarterly figures were steady. " * 500

@@ -17,7 +17,7 @@ def _use_gateway_redis(sender: Celery, **_: object) -> None:
     # The broker defaults to the gateway's Redis (embedded when REDIS_URL is empty).
     from django.conf import settings
 
-    from gateway.redis_conn import redis_url
+    from infra.redis_conn import redis_url
 
     url = settings.CELERY_BROKER_URL or redis_url()
     sender.conf.broker_url = url

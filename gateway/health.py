@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
-from gateway.redis_conn import get_redis
+from infra.redis_conn import get_redis
 
 
 def healthz(request: HttpRequest) -> JsonResponse:

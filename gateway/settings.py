@@ -112,7 +112,7 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["OPTIONS"] = {"timeout": 20}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# Empty means "start or reuse the embedded Redis server under VAR_DIR" (gateway.redis_conn).
+# Empty means "start or reuse the embedded Redis server under VAR_DIR" (infra.redis_conn).
 REDIS_URL = env_str("REDIS_URL", "")
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "igw")
 
@@ -155,12 +155,12 @@ BODY_READ_TIMEOUT_S = env_float("BODY_READ_TIMEOUT_S", 30.0, minimum=0.1)
 # Serving: the simulated engine's pool and heartbeat timing.
 WORKER_HEARTBEAT_SECONDS = env_float("WORKER_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
 WORKER_DEAD_AFTER_SECONDS = env_float("WORKER_DEAD_AFTER_SECONDS", 5.0, minimum=0.2)
-# Gateway liveness (gateway.liveness): a dead gateway's unread requests are cancelled.
+# Gateway liveness (serving.liveness): a dead gateway's unread requests are cancelled.
 GATEWAY_HEARTBEAT_SECONDS = env_float("GATEWAY_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
 GATEWAY_DEAD_AFTER_SECONDS = env_float("GATEWAY_DEAD_AFTER_SECONDS", 10.0, minimum=0.2)
 WFQ_INPUT_PRICE = env_float("WFQ_INPUT_PRICE", 1.0, minimum=0.0)
 WFQ_OUTPUT_PRICE = env_float("WFQ_OUTPUT_PRICE", 2.0, minimum=0.0)
-# Slot fairness (workers/lua/dispatch.lua, ADR 0006): a tenant that enqueued within this many
+# Slot fairness (serving/lua/wfq/dispatch.lua, ADR 0006): a tenant that enqueued within this many
 # seconds counts as active, so a worker keeps slots free for its next request; a tenant over its
 # weighted share of a worker's slots may take one more only while this fraction of the slots
 # (at most) stays free for the other active tenants' unused shares (0: plain work-conserving).

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key
 from metering.models import UsageRecord
 
 BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 
-from gateway.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key
 from metering.models import UsageRecord, UsageRollup
 from metering.writer import dirty_hours_key
 

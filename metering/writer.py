@@ -1,6 +1,6 @@
 """Drain ``usage:pending`` into ``UsageRecord`` in batches, losing and duplicating nothing.
 
-Settlement pushes one JSON record per request onto ``usage:pending`` (``gateway.accounting``).
+Settlement pushes one JSON record per request onto ``usage:pending`` (``serving.admission``).
 The writer moves a batch to ``usage:processing`` and inserts it; the batch leaves Redis only
 after the transaction that holds it has committed. Invariants:
 
@@ -25,8 +25,8 @@ from typing import Any
 
 from django.db import transaction
 
-from gateway.leased_queue import LeasedQueue
-from gateway.redis_conn import get_redis, key
+from infra.leased_queue import LeasedQueue
+from infra.redis_conn import get_redis, key
 from metering import metrics
 from metering.models import UsageRecord
 

@@ -51,7 +51,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from gateway.redis_conn import get_async_redis, get_redis, key
+from infra.redis_conn import get_async_redis, get_redis, key
 from tenants.keys import candidate_hashes, parse_key
 from tenants.limits import Limits, quota_table, resolve
 from tenants.models import LIMIT_FIELDS, ApiKey, Tenant

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture
 def redis_client(settings):
     """A clean Redis for one test. The test DB index is dedicated to tests, so flushing is safe."""
-    from gateway.redis_conn import get_redis
+    from infra.redis_conn import get_redis
 
     client = get_redis()
     client.flushdb()

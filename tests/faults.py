@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from gateway.redis_conn import key
+from infra.redis_conn import key
 from tests import procs
 
 RETRYABLE = {"worker_lost", "service_unavailable", "state_lost", "engine_error",

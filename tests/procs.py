@@ -38,7 +38,7 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     from django.conf import settings
     from django.db import connection
 
-    from gateway.redis_conn import redis_url
+    from infra.redis_conn import redis_url
 
     db = connection.settings_dict
     env = dict(os.environ)
@@ -134,7 +134,7 @@ def start_worker(pool: str, *, worker_id: str, env: Mapping[str, str] | None = N
 
 def wait_for_worker(client: object, pool: str, worker_id: str, proc: Proc | None = None,
                     timeout: float = 60.0) -> None:
-    from gateway.redis_conn import key
+    from infra.redis_conn import key
 
     wait_until(lambda: client.zscore(key("workers", pool), worker_id) is not None,  # type: ignore[attr-defined]
                timeout, f"worker {worker_id} to register", proc)
@@ -165,12 +165,12 @@ def wait_for_http(url: str, proc: Proc | None = None, timeout: float = 60.0) -> 
 def arun(coro: Any) -> Any:
     """``asyncio.run`` with fresh per-loop Redis clients.
 
-    ``gateway.redis_conn`` caches asyncio clients by ``id(loop)``; a new loop can reuse a closed
+    ``infra.redis_conn`` caches asyncio clients by ``id(loop)``; a new loop can reuse a closed
     loop's id and would be handed connections bound to the dead loop.
     """
     import asyncio
 
-    from gateway import redis_conn
+    from infra import redis_conn
 
     redis_conn._async_clients.clear()
     return asyncio.run(coro)

@@ -1,4 +1,4 @@
-"""Admit and settle on real Redis: the invariants of gateway/lua/admit.lua and settle.lua.
+"""Admit and settle on real Redis: the invariants of serving/lua/admit.lua and settle.lua.
 
 A1 bucket levels stay within [0, burst]; A2 a rejected admission charges nothing; A3 counters
 never exceed their limits; S1 settlement happens once; S2 one usage record per settled request;
@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from gateway import accounting as acc
-from gateway.accounting import AdmissionLimits, Admitted, Reason, Rejected, ScopeLimits
-from gateway.redis_conn import key, redis_url
+from infra.redis_conn import key, redis_url
+from serving import admission as acc
+from serving.admission import AdmissionLimits, Admitted, Reason, Rejected, ScopeLimits
 
 T0 = 1_000_000.0  # virtual time: no refill happens unless a test moves it
 
@@ -305,7 +305,7 @@ def test_counters_return_to_zero_after_a_random_mix(redis_client):
 
 
 def _submit(rid: str, lim: AdmissionLimits, *, max_tokens: int = 20, tenant: int = 1):
-    from gateway.submission import submit
+    from serving.submission import submit
     from workers.engine.base import SamplingParams
 
     return submit(tenant_id=tenant, key_id=tenant, weight=1.0, model="m", pool="fp",
@@ -314,7 +314,7 @@ def _submit(rid: str, lim: AdmissionLimits, *, max_tokens: int = 20, tenant: int
 
 
 def test_submit_rejection_is_openai_shaped_and_charges_nothing(redis_client):
-    from gateway.submission import Rejection
+    from serving.submission import Rejection
     from tests.procs import arun
 
     lim = limits(output_tpm=600, output_burst=100)
@@ -330,9 +330,9 @@ def test_submit_rejection_is_openai_shaped_and_charges_nothing(redis_client):
 
 
 def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
-    from gateway.submission import FinishEvent, Submission
+    from serving import wfq
+    from serving.submission import FinishEvent, Submission
     from tests.procs import arun
-    from workers import wfq
 
     async def main():
         sub = await _submit("q", limits())
@@ -358,7 +358,7 @@ def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
 def test_ttft_deadline_yields_an_error_and_cancels(redis_client):
     import time
 
-    from gateway.submission import ErrorEvent
+    from serving.submission import ErrorEvent
     from tests.procs import arun
 
     lim = AdmissionLimits(tenant=limits().tenant, ttft_deadline_s=0.3, total_deadline_s=5)
@@ -376,7 +376,7 @@ def test_ttft_deadline_yields_an_error_and_cancels(redis_client):
 
 
 def test_attach_finds_only_the_tenants_own_request(redis_client):
-    from gateway.submission import attach
+    from serving.submission import attach
     from tests.procs import arun
 
     arun(_submit("mine", limits(), tenant=1))

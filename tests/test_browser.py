@@ -53,7 +53,7 @@ def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
         ensure_pool()
         worker = procs.start_worker(POOL, worker_id=WORKER)
         gateway, url = procs.start_uvicorn(env={"WHITENOISE_USE_FINDERS": "1"})
-    from gateway.redis_conn import get_redis
+    from infra.redis_conn import get_redis
 
     try:
         procs.wait_for_worker(get_redis(), POOL, WORKER, worker)

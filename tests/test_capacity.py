@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from tenants.capacity import PlanError, PlanInput, input_for_pool, plan
 from tests.factories import make_model, make_pool
-from workers.capacity import PlanError, PlanInput, input_for_pool, plan
 
 # The design's hypothetical model: 8B parameters, 32 layers, 8 KV heads, head dim 128, 16-bit.
 DESIGN = PlanInput(layers=32, kv_heads=8, head_dim=128, bytes_per_value=2, parameters=8e9,

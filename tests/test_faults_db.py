@@ -22,7 +22,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from gateway.redis_conn import get_redis
+from infra.redis_conn import get_redis
 from metering.models import UsageRecord
 from metering.writer import pending_key, processing_key
 from tenants.models import Pool

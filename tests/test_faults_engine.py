@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.redis_conn import get_redis
+from infra.redis_conn import get_redis
 from tenants.models import Pool
 from tests import faults, procs
 from tests.factories import make_key, make_model, make_tenant

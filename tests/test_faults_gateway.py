@@ -3,7 +3,7 @@
 Its clients see their streams end with an error. Half of them reconnect to the other gateway
 with ``Last-Event-ID`` and receive the rest of their stream, no token twice and none missing.
 The other half never come back: the dead gateway's heartbeat stops, and the janitor cancels
-the requests it was relaying that no live gateway relays (``gateway.liveness``), so the engine
+the requests it was relaying that no live gateway relays (``serving.liveness``), so the engine
 aborts them within ``GATEWAY_DEAD_AFTER_SECONDS`` + one sweep and they are billed only for what
 was generated until then. Every charge is settled and the counters return to zero.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key
 from tenants.models import Pool
 from tests import faults, procs
 from tests.factories import make_key, make_model, make_tenant

@@ -22,11 +22,11 @@ import httpx
 import pytest
 import redis
 
-from gateway.redis_conn import key
+from infra.redis_conn import key
+from serving.transport import RELAY_OUTAGE_FAIL_S
 from tenants.models import Pool
 from tests import faults, procs
 from tests.factories import make_key, make_model, make_tenant
-from workers.transport import RELAY_OUTAGE_FAIL_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

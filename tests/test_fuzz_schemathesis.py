@@ -29,7 +29,7 @@ from schemathesis.checks import (
 )
 
 from gateway.portal.tokens import issue_token
-from gateway.redis_conn import key
+from infra.redis_conn import key
 from tests import procs
 from tests import test_inference_live as live_module
 from tests.test_inference_live import MODEL

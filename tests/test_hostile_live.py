@@ -21,7 +21,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from gateway.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key
 from tests import procs
 from tests.factories import make_key, make_tenant
 from tests.test_inference_live import (

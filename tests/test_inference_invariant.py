@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key
 from tenants.models import Pool
 from tests import procs
 from tests.factories import make_key, make_model, make_tenant

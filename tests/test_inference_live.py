@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.redis_conn import key
+from infra.redis_conn import key
 from tenants.models import Pool
 from tests import procs
 from tests.factories import make_key, make_model, make_tenant
@@ -59,7 +59,7 @@ def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
         ensure_pools()
         worker = procs.start_worker(POOL, worker_id="live-w1", env=SERVER_ENV)
         gateway, url = procs.start_uvicorn(env=SERVER_ENV)
-    from gateway.redis_conn import get_redis
+    from infra.redis_conn import get_redis
 
     try:
         procs.wait_for_worker(get_redis(), POOL, "live-w1", worker)

@@ -12,7 +12,7 @@ from gateway.inference.admission import size_request
 from gateway.inference.errors import ApiError
 from gateway.inference.pools import Catalog, ModelInfo, PoolInfo, PoolLoad
 from gateway.inference.requests import InferenceRequest
-from gateway.redis_conn import key
+from infra.redis_conn import key
 from tenants.limits import resolve
 
 MODEL = ModelInfo("m", None, max_model_len=100, created=0)
@@ -160,7 +160,7 @@ def test_an_abandoned_key_can_be_used_again(redis_client) -> None:
 
 def test_failures_map_to_retryable_503_only_before_any_token() -> None:
     from gateway.inference.consumers import failure
-    from gateway.submission import ErrorEvent, FinishEvent, UsageInfo
+    from serving.submission import ErrorEvent, FinishEvent, UsageInfo
 
     lost = ErrorEvent("worker_lost", "gone", retryable=True)
     early = failure(lost, tokens_sent=0)
@@ -173,9 +173,9 @@ def test_failures_map_to_retryable_503_only_before_any_token() -> None:
 
 
 def test_rejections_map_to_429_with_the_accounting_headers() -> None:
-    from gateway.accounting import RateLimitInfo
     from gateway.inference.consumers import rejection_error
-    from gateway.submission import Rejection
+    from serving.admission import RateLimitInfo
+    from serving.submission import Rejection
 
     info = RateLimitInfo(4, 0, 1000, 10, 12.5)
     busy = rejection_error(Rejection("r", "input_tokens", "tenant", 7, info, "slow down"))
@@ -189,7 +189,7 @@ def test_rejections_map_to_429_with_the_accounting_headers() -> None:
 
 def test_overload_sheds_the_tenant_over_its_share_lowest_tier_first(redis_client) -> None:
     from gateway.inference import overload
-    from workers.wfq import Wfq
+    from serving.wfq import Wfq
 
     wfq = Wfq()
     redis_client.zadd(key("workers", "p"), {"w1": time.time()})  # one live worker, 2 slots

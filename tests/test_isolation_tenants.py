@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from gateway.portal.models import ManagementToken
 from gateway.portal.tokens import issue_token
-from gateway.redis_conn import get_redis
+from infra.redis_conn import get_redis
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import clear_cache
 from tenants.models import ApiKey, Membership, Pool

@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from gateway import accounting as acc
-from gateway.accounting import AdmissionLimits, ScopeLimits
-from gateway.lua import script
-from gateway.redis_conn import key, redis_url
-from workers import janitor, transport, wfq
+from infra.redis_conn import key, redis_url
+from serving import admission as acc
+from serving import janitor, transport, wfq
+from serving.admission import AdmissionLimits, ScopeLimits
+from serving.lua import script
 
 LIMITS = AdmissionLimits(tenant=ScopeLimits(input_tpm=100_000, output_tpm=100_000,
                                             concurrent_requests=100, open_streams=100),

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from gateway import leased_queue
+from infra import leased_queue
 from metering import rollups, writer
 from metering.admin import CappedCountPaginator
 from metering.models import UsageRecord, UsageRollup

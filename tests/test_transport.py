@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from gateway import accounting as acc
-from gateway.redis_conn import get_async_redis, key
+from infra.redis_conn import get_async_redis, key
+from serving import admission as acc
+from serving import transport
+from serving.transport import StepBatch
 from tests.procs import arun
-from workers import transport
-from workers.transport import StepBatch
 
 
 async def _write_steps(rids: list[str], steps: int, *, pause: float = 0.0) -> None:

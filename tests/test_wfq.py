@@ -8,9 +8,8 @@ import random
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.redis_conn import key, redis_url
-from tests.test_wfq_properties import assert_pool_consistent
-from workers.wfq import (
+from infra.redis_conn import key, redis_url
+from serving.wfq import (
     AsyncWfq,
     DispatchedItem,
     DuplicateRequest,
@@ -19,6 +18,7 @@ from workers.wfq import (
     Wfq,
     inflight_key,
 )
+from tests.test_wfq_properties import assert_pool_consistent
 
 POOL = "pool-a"
 BIG = 1_000_000  # free KV tokens that fit anything

@@ -16,9 +16,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gateway.redis_conn import redis_url
+from infra.redis_conn import redis_url
+from serving.wfq import AsyncWfq, Prices, Wfq, inflight_key
 from tests.test_wfq_properties import assert_pool_consistent
-from workers.wfq import AsyncWfq, Prices, Wfq, inflight_key
 
 POOL = "race"
 PRICES = Prices(1.0, 2.0)

@@ -3,7 +3,7 @@
 A hypothesis state machine drives enqueue, dispatch (with and without slot fairness), remove and
 complete across tenants and two workers on a clock it advances, and compares every reply with a
 small Python model of the design's rules. After every step it re-reads the raw Redis keys and
-checks the invariants written in workers/lua/common.lua (H1-H7) and that each request is in
+checks the invariants written in serving/lua/wfq/common.lua (H1-H7) and that each request is in
 exactly one place.
 """
 
@@ -26,18 +26,18 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gateway.redis_conn import get_redis, key
-from workers.wfq import Prices, QueueEntry, Wfq, inflight_key
+from infra.redis_conn import get_redis, key
+from serving.wfq import Prices, QueueEntry, Wfq, inflight_key
 
 POOL = "props"
 PRICES = Prices(1.0, 2.0)
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 0.5, "d": 3.0}
 WORKERS = ("w1", "w2")
-PRUNE = 128  # seen members dispatch prunes per call at most (workers/lua/dispatch.lua)
+PRUNE = 128  # seen members dispatch prunes per call at most (serving/lua/wfq/dispatch.lua)
 
 
 def units(weight: float) -> int:
-    """A weight in integer units of 1e-6, as the scripts keep it (H7, workers/lua/common.lua)."""
+    """A weight in integer units of 1e-6, as the scripts keep it (H7, lua/wfq/common.lua)."""
     return max(1, math.floor(weight * 1e6 + 0.5))
 
 

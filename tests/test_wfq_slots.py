@@ -1,4 +1,4 @@
-"""Slot fairness of the WFQ dispatcher (workers/lua/dispatch.lua, S1-S3; docs/adr/0006).
+"""Slot fairness of the WFQ dispatcher (serving/lua/wfq/dispatch.lua, S1-S3; docs/adr/0006).
 
 A dispatched sequence keeps its slot until it ends. These tests drive one worker's slots by hand
 (the worker passes its own per-tenant running counts) on a clock passed as ``now``, and check
@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
+from serving.wfq import Prices, Wfq
 from tests.test_wfq_properties import Model, assert_active_consistent, assert_pool_consistent
-from workers.wfq import Prices, Wfq
 
 POOL = "slots"
 SLOTS = 8
@@ -178,7 +178,7 @@ def test_running_counts_are_validated(wfq):
 
 
 def test_seen_keeps_one_member_per_tenant_and_dispatch_prunes_it(wfq, redis_client):
-    from gateway.redis_conn import key
+    from infra.redis_conn import key
 
     for i in range(5):
         put(wfq, "t1", f"a{i}", 10, now=float(i))

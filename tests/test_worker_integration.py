@@ -13,10 +13,11 @@ import time
 
 import pytest
 
-from gateway import accounting as acc
-from gateway.accounting import AdmissionLimits, ScopeLimits
-from gateway.redis_conn import get_redis, key
-from gateway.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
+from infra.redis_conn import get_redis, key
+from serving import admission as acc
+from serving import wfq
+from serving.admission import AdmissionLimits, ScopeLimits
+from serving.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
 from tests.factories import make_model, make_pool
 from tests.procs import (
     ROOT,
@@ -28,7 +29,6 @@ from tests.procs import (
     wait_for_worker,
     wait_until,
 )
-from workers import wfq
 from workers.engine.base import SamplingParams
 from workers.tokenization import load_tokenizer
 

@@ -14,7 +14,7 @@ loop in its own thread:
   settlement (with the engine's own usage) rides in the same pipeline after its last tokens;
 - the cancel subscriber (``cancel:{pool}``): aborts the engine sequence within one step;
 - heartbeats (``workers:{pool}``, every ``WORKER_HEARTBEAT_SECONDS``) with load and capacity;
-- the janitor (``workers.janitor``), as in every worker.
+- the janitor (``serving.janitor``), as in every worker.
 
 Celery never carries a generation: the worker's Celery consumer only runs short tasks
 (``workers.tasks``), so a redelivered Celery message cannot re-run anything (ADR 0002).
@@ -41,11 +41,11 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import accounting
-from gateway.accounting import Status
-from gateway.lua import script
-from gateway.redis_conn import get_async_redis, key
-from workers import transport
+from infra.redis_conn import get_async_redis, key
+from serving import admission as accounting
+from serving import transport
+from serving.admission import Status
+from serving.lua import script
 from workers.engine.base import Engine, EngineError, EngineRequest, FinishReason, TokenDelta
 from workers.engine.registry import EngineConfigError, build_engine
 
@@ -157,7 +157,7 @@ class EngineHost:
                 self._loop.call_soon_threadsafe(self._stop.set)
 
     async def run(self) -> None:
-        from workers.wfq import AsyncWfq
+        from serving.wfq import AsyncWfq
 
         self._loop = asyncio.get_running_loop()
         self._stop, self._flush_needed = asyncio.Event(), asyncio.Event()
@@ -299,7 +299,7 @@ class EngineHost:
             self._freed(rid)
 
     def _engine_request(self, rid: str, payload: dict[str, bytes]) -> EngineRequest:
-        from gateway.submission import unpack_prompt, unpack_sampling
+        from serving.submission import unpack_prompt, unpack_sampling
 
         return EngineRequest(
             request_id=rid, prompt_token_ids=unpack_prompt(payload["prompt_ids"]),
@@ -534,7 +534,7 @@ class EngineHost:
         await self._beat()
 
     async def _janitor(self) -> None:
-        from workers import janitor
+        from serving import janitor
 
         interval = max(self.heartbeat_s, self.dead_after_s / 4)
         while not _cancelling():

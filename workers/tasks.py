@@ -18,7 +18,7 @@ JANITOR_EVERY_S = 5.0
 @shared_task(name="workers.janitor_sweep", ignore_result=True)
 def janitor_sweep() -> dict[str, list[str]]:
     """Reap dead workers and settle overdue requests (also runs inside every pool worker)."""
-    from workers import janitor
+    from serving import janitor
 
     return janitor.sweep().as_dict()
 

@@ -36,8 +36,8 @@ from django.utils import timezone
 
 from gateway.contentlog import crypto, keys
 from gateway.contentlog.models import ContentRecord
-from gateway.leased_queue import LeasedQueue
-from gateway.redis_conn import get_async_redis, get_redis, key
+from infra.leased_queue import LeasedQueue
+from infra.redis_conn import get_async_redis, get_redis, key
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)

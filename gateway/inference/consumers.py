@@ -55,7 +55,7 @@ from gateway.inference.errors import (
 from gateway.inference.pools import PoolInfo, choose_pool, visible_models
 from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
 from gateway.inference.responses import ChunkTemplate, completion_body, models_body
-from gateway.redis_conn import get_async_redis
+from infra.redis_conn import get_async_redis
 from metering import metrics
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
 

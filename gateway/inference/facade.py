@@ -1,4 +1,4 @@
-"""The HTTP layer's one doorway to the serving core (``gateway.submission``).
+"""The HTTP layer's one doorway to the serving core (``serving.submission``).
 
 Builds what ``submit`` needs from the authenticated principal and the parsed request (the
 tenant's and key's limits, sampling, the cache salt), so the consumers never assemble
@@ -11,9 +11,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.accounting import AdmissionLimits
 from gateway.inference.responses import UsageCounts
-from gateway.submission import (
+from serving.admission import AdmissionLimits
+from serving.submission import (
     ErrorEvent,
     Event,
     FinishEvent,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.inference.errors import ApiError, invalid_request
-from gateway.redis_conn import get_async_redis, key
+from infra.redis_conn import get_async_redis, key
 
 RETENTION_S = 24 * 3600
 MAX_KEY_LENGTH = 255

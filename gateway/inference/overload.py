@@ -23,7 +23,7 @@ from django.conf import settings
 
 from gateway.env import env_float
 from gateway.inference.errors import unavailable
-from gateway.redis_conn import get_async_redis, key
+from infra.redis_conn import get_async_redis, key
 
 SHED_QUEUE_FACTOR = env_float("SHED_QUEUE_FACTOR", 4.0, minimum=0.0)
 # Cost units (WFQ_INPUT_PRICE x prompt + WFQ_OUTPUT_PRICE x output, divided by the weight).

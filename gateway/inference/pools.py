@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from gateway.inference.errors import model_not_found, unavailable
-from gateway.redis_conn import get_async_redis, key
+from infra.redis_conn import get_async_redis, key
 from workers.engine.adapters import AdapterCatalog, AdapterNotFound
 
 log = logging.getLogger(__name__)

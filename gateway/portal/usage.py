@@ -156,7 +156,7 @@ def rejections(tenant: Tenant) -> list[tuple[str, str, int]] | None:
     """(model, reason, count) of the tenant's 429s, from the gateway's shared counter
     (``metering.metrics``: one Redis hash, cumulative, no time dimension). None if unreadable."""
     try:
-        from gateway.redis_conn import get_redis
+        from infra.redis_conn import get_redis
         from metering.metrics import rejected_key
 
         fields = get_redis().hscan_iter(rejected_key(), match=f"{tenant.pk}|*", count=1000)

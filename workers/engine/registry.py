@@ -6,7 +6,7 @@ here, by name and type, before anything starts, so a typo fails the worker's sta
 message naming the pool and the key instead of a traceback from deep inside an engine.
 
 Keys every backend accepts:
-- ``capacity``: planner inputs for this pool (``workers.capacity.POOL_PLAN_KEYS``);
+- ``capacity``: planner inputs for this pool (``tenants.capacity.POOL_PLAN_KEYS``);
 - ``lora`` (vllm, openai_upstream): ``{"enabled", "max_loras", "max_lora_rank", "adapter_root",
   "adapters": [{"name", "tenant_id", "path", "upstream_model"}]}`` (``workers.engine.adapters``).
 

@@ -15,7 +15,7 @@ from gateway.portal.forms import models_for
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page
 from gateway.portal.views.keys import visible_keys
-from gateway.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key
 from metering.billing import reports
 from metering.billing.models import SpendAlert
 from tenants.limits import effective_limits

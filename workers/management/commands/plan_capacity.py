@@ -17,7 +17,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from workers.capacity import PlanError, PlanInput, input_for_pool, plan, render_text
+from tenants.capacity import PlanError, PlanInput, input_for_pool, plan, render_text
 
 # flag dest -> PlanInput field
 _FLAGS = {

@@ -39,7 +39,7 @@ class Command(BaseCommand):
                  "one Redis reader (about one per core left over by Redis and the engines).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from gateway.redis_conn import redis_url
+        from infra.redis_conn import redis_url
         from tenants.models import Pool
 
         env = {**os.environ, "REDIS_URL": redis_url(), "PYTHONUNBUFFERED": "1"}
@@ -119,7 +119,7 @@ class Command(BaseCommand):
         raise CommandError(f"the pool workers did not register in Redis in {timeout:g}s")
 
     def _workers_registered(self, children: list[tuple[str, subprocess.Popen[bytes]]]) -> bool:
-        from gateway.redis_conn import get_redis, key
+        from infra.redis_conn import get_redis, key
 
         r = get_redis()
         for name, _proc in children:

@@ -25,7 +25,7 @@ per-request asyncio queues. A new subscription interrupts the blocked read with
 process, not one blocking connection per stream, is what relays tens of thousands of tokens/s).
 
 Cancel: the gateway publishes the request id on ``cancel:{pool}``; every worker of the pool is
-subscribed and the one running it calls ``engine.abort`` (see ``gateway.submission.cancel``).
+subscribed and the one running it calls ``engine.abort`` (see ``serving.submission.cancel``).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from gateway.accounting import STREAM_MAXLEN, req_key, stream_key
-from gateway.lua import script
-from gateway.redis_conn import get_async_redis, get_redis, key, redis_url
+from infra.redis_conn import get_async_redis, get_redis, key, redis_url
+from serving.admission import STREAM_MAXLEN, req_key, stream_key
+from serving.lua import script
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ worker, the gateway, a Celery beat task) can run at the same time:
    id). Each request in its in-flight set then gets a retryable ``worker_lost`` error as its
    stream's last entry and is settled for the tokens actually delivered, both in the one
    ``settle.lua`` call that wins; the worker is forgotten once its in-flight set is empty.
-2. Dead gateways (``gateway.liveness``). A gateway process whose heartbeat in ``gateways`` is
+2. Dead gateways (``serving.liveness``). A gateway process whose heartbeat in ``gateways`` is
    older than ``GATEWAY_DEAD_AFTER_SECONDS`` is claimed by exactly one janitor (``ZREM``) and
    each request it was relaying, unless a live gateway relays it now (a resumed stream), is
    cancelled with reason ``gateway_lost``: nobody is left to read it.
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 import redis
 from django.conf import settings
 
-from gateway import accounting
-from gateway.accounting import Status
-from gateway.lua import script
-from gateway.redis_conn import get_redis, key
-from workers import transport
+from infra.redis_conn import get_redis, key
+from serving import admission as accounting
+from serving import transport
+from serving.admission import Status
+from serving.lua import script
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def fail_lost_request(r: redis.Redis, rid: str, inflight: str) -> bool:
 
 
 def reap_dead_gateways(r: redis.Redis, report: SweepReport | None = None) -> SweepReport:
-    from gateway import liveness
+    from serving import liveness
 
     report = report or SweepReport()
     cutoff = _redis_now(r) - settings.GATEWAY_DEAD_AFTER_SECONDS
@@ -133,7 +133,7 @@ def reap_dead_gateways(r: redis.Redis, report: SweepReport | None = None) -> Swe
 
 def cancel_orphan(r: redis.Redis, rid: str) -> bool:
     """Cancel a request nobody reads any more, as a client hang-up would (see submission)."""
-    from workers import wfq
+    from serving import wfq
 
     found = accounting.mark_cancel(rid, "gateway_lost", client=r)
     if found is None:
@@ -162,7 +162,7 @@ def settle_overdue(r: redis.Redis, report: SweepReport | None = None, *,
 
 
 def expire_request(r: redis.Redis, rid: str, *, now: float | None = None) -> bool:
-    from workers import wfq
+    from serving import wfq
 
     found = accounting.mark_cancel(rid, "deadline_exceeded", client=r)
     if found is None:  # settled (or its state is gone): only the zset entry is left

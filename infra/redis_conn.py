@@ -22,7 +22,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 def redis_url() -> str:
     if settings.REDIS_URL:
         return settings.REDIS_URL
-    from gateway.embedded_redis import ensure_embedded_redis
+    from infra.embedded_redis import ensure_embedded_redis
 
     url = ensure_embedded_redis(settings.VAR_DIR)
     # Children (uvicorn workers, Celery) inherit the address rather than each probing for it.

@@ -12,7 +12,7 @@ to both output buckets, one concurrency slot each and one open stream each, or c
 the unused output, reconciles the prompt with the engine's count, releases the slots, removes
 the request from the deadlines backstop and its worker's in-flight set, and pushes exactly one
 usage record (counts and timings, never text) onto ``usage:pending``. The invariants are written
-in ``gateway/lua/admit.lua`` and ``settle.lua``; ``tests/test_accounting.py`` tries to break them.
+in ``serving/lua/admit.lua`` and ``settle.lua``; ``tests/test_accounting.py`` tries to break them.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from gateway.lua import script
-from gateway.redis_conn import get_async_redis, get_redis, key
+from infra.redis_conn import get_async_redis, get_redis, key
+from serving.lua import script
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ def admit(
     now: float | None = None, extra: Mapping[str, Any] | None = None,
     client: redis.Redis | None = None,
 ) -> Admitted | Rejected:
-    """Charge every limit of one request or none (``gateway/lua/admit.lua``).
+    """Charge every limit of one request or none (``serving/lua/admit.lua``).
 
     ``now`` overrides Redis TIME (virtual-time simulations); ``extra`` fields go into req:{rid}.
     """
@@ -334,7 +334,7 @@ def parse_settle(rid: str, raw: list[Any]) -> Settled | None:
 
 def wfq_costs(done: Settled) -> tuple[float, float]:
     """(estimated, actual) WFQ cost of a settled request, at the dispatcher's prices."""
-    from workers.wfq import Prices
+    from serving.wfq import Prices
 
     prices = Prices.from_settings()
     return (prices.cost(done.charged_prompt, done.charged_output),
@@ -346,7 +346,7 @@ _async_wfqs: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
 
 def _async_wfq() -> Any:
     """This event loop's ``AsyncWfq`` (its client is bound to the loop)."""
-    from workers.wfq import AsyncWfq
+    from serving.wfq import AsyncWfq
 
     loop = asyncio.get_running_loop()
     found = _async_wfqs.get(id(loop))
@@ -365,7 +365,7 @@ def correct_wfq(done: Settled) -> None:
     estimate's tag: a fairness skew bounded by one request. A request removed from its queue
     before dispatch gets no correction: ``wfq.remove`` already gave its whole cost back.
     """
-    from workers import wfq
+    from serving import wfq
 
     if not done.dispatched:
         return

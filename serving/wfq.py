@@ -13,7 +13,7 @@ estimate is corrected with the actual output when the request ends (:meth:`Wfq.c
 the tenant's queued requests move up by the overcharge, bounded so that refunds never turn
 into credit a tenant can bank ahead of the others (tests/test_wfq.py measures both sides).
 
-Every operation is one Lua script in ``workers/lua/`` (the key layout and invariants are
+Every operation is one Lua script in ``serving/lua/wfq/`` (the key layout and invariants are
 written there), so any number of gateway and worker processes can enqueue and dispatch at
 once: a request is never dispatched twice and never lost (see docs/adr/0001). ``Wfq`` uses
 a sync client, ``AsyncWfq`` an asyncio client; both run the same scripts and share the
@@ -24,7 +24,7 @@ its slot until it ends, so a worker that passes its per-tenant running counts ge
 tenant's weighted share of its slots for that tenant while other tenants are active (queued,
 running there, or enqueued within ``WFQ_ACTIVE_WINDOW_SECONDS``), unless enough slots stay free
 for the others' unused shares (at most ``WFQ_SLOT_RESERVE`` of the slots); a lone tenant gets
-every slot. The rules are written in ``workers/lua/dispatch.lua``.
+every slot. The rules are written in ``serving/lua/wfq/dispatch.lua``.
 
 ``policy="fifo"`` orders by arrival instead of tag through the same scripts, so benchmarks
 compare the two policies through the same code; it ignores slot fairness. The policy belongs
@@ -46,10 +46,10 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from gateway.redis_conn import get_async_redis, get_redis, key
+from infra.redis_conn import get_async_redis, get_redis, key
 
 POLICIES = ("wfq", "fifo")
-_SEP = "|"  # field separator inside a packed queue entry (see workers/lua/common.lua)
+_SEP = "|"  # field separator inside a packed queue entry (see serving/lua/wfq/common.lua)
 _ID = re.compile(r"[^\s|]{1,200}")
 _POOL = re.compile(r"[^\s|:]{1,200}")  # no ':' so a pool's keys never collide with another's
 
@@ -112,7 +112,7 @@ class DispatchedItem(QueueEntry):
 
 @dataclass(frozen=True)
 class Keys:
-    """Redis keys of one pool (layout in workers/lua/common.lua and docs/architecture.md)."""
+    """Redis keys of one pool (layout in serving/lua/wfq/common.lua and docs/architecture.md)."""
 
     pool: str
 
@@ -131,7 +131,7 @@ class Keys:
 
     @cached_property
     def common(self) -> tuple[str, ...]:
-        # Every script gets these first, in this order (workers/lua/common.lua).
+        # Every script gets these first, in this order (serving/lua/wfq/common.lua).
         return tuple(self.part(name) for name in ("heads", "items", "state", "last", "shift",
                                                   "seen", "weight", "active"))
 
@@ -166,7 +166,7 @@ def _number(what: str, value: float, *, positive: bool = False) -> str:
 
 @cache
 def _source(name: str) -> str:
-    lua = resources.files("workers") / "lua"
+    lua = resources.files("serving") / "lua" / "wfq"
     return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
@@ -368,7 +368,7 @@ class Wfq(_Base):
         the estimate had been exact. Credit never starts the head before the vtime it arrived
         at, nor more than this credit behind the current vtime, so refunds of requests that ran
         in parallel cannot pile up; with nothing queued, the next enqueue gets the credit, not
-        below vtime (shift_queue and move_last in workers/lua/common.lua).
+        below vtime (shift_queue and move_last in serving/lua/wfq/common.lua).
         With request_id and worker_id, the same script removes the id from the worker's
         in-flight set and corrects only if it was there, so a retried call corrects once.
         Returns the new last tag, or None when that correction had already happened.

@@ -27,8 +27,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gateway import accounting, liveness
-from gateway.accounting import (
+from infra.redis_conn import get_async_redis
+from serving import admission as accounting
+from serving import liveness, transport
+from serving.admission import (
     AdmissionLimits,
     Admitted,
     RateLimitInfo,
@@ -36,8 +38,6 @@ from gateway.accounting import (
     Rejected,
     Status,
 )
-from gateway.redis_conn import get_async_redis
-from workers import transport
 from workers.engine.base import FinishReason, SamplingParams
 
 log = logging.getLogger(__name__)

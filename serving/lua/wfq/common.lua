@@ -1,4 +1,4 @@
--- Shared prelude, prepended to every WFQ script at load time (workers/wfq.py).
+-- Shared prelude, prepended to every WFQ script at load time (serving/wfq.py).
 --
 -- Keys of one pool P (all under settings.REDIS_KEY_PREFIX); every script gets the first eight
 -- as KEYS[1..8], in this order:

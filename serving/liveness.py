@@ -8,7 +8,7 @@ tokens no client received. Now:
   ``ZADD gateways {gid} now`` and the changes to ``gateway:{gid}:rids`` (the requests whose
   events it is relaying: SADD the new, SREM the finished), so the bookkeeping costs one round
   trip a second per process, not one per request;
-- the janitor (``workers.janitor.reap_dead_gateways``) claims a gateway whose heartbeat is older
+- the janitor (``serving.janitor.reap_dead_gateways``) claims a gateway whose heartbeat is older
   than ``GATEWAY_DEAD_AFTER_SECONDS`` (``ZREM`` decides which janitor: exactly one wins), and
   cancels each of its requests that no live gateway is relaying (a client that resumed with
   ``Last-Event-ID`` elsewhere keeps its stream) with reason ``gateway_lost``: a queued one is
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 from django.conf import settings
 
-from gateway.redis_conn import get_async_redis, key
+from infra.redis_conn import get_async_redis, key
 
 log = logging.getLogger(__name__)
 
