@@ -13,7 +13,7 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from gateway.bodylimit import BoundedBody  # noqa: E402
+from gateway.inference.bodylimit import BoundedBody  # noqa: E402
 from gateway.routing import inference_routes  # noqa: E402
 
 application = ProtocolTypeRouter(

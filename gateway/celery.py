@@ -1,10 +1,19 @@
-"""The Celery app, on Redis. Settings come from Django's ``CELERY_*`` settings."""
+"""The Celery app, on Redis: its settings, the engine host option and the periodic schedule.
+
+Settings come from Django's ``CELERY_*`` settings. This module is imported with the ``gateway``
+package, before Django is set up, so it names tasks and the engine host's bootstep instead of
+importing them (they import models).
+"""
 
 from __future__ import annotations
 
 import os
 
+import click
 from celery import Celery
+from django.conf import settings
+
+from infra.redis_conn import redis_url
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gateway.settings")
 
@@ -15,10 +24,6 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 @app.on_configure.connect
 def _use_gateway_redis(sender: Celery, **_: object) -> None:
     # The broker defaults to the gateway's Redis (embedded when REDIS_URL is empty).
-    from django.conf import settings
-
-    from infra.redis_conn import redis_url
-
     url = settings.CELERY_BROKER_URL or redis_url()
     sender.conf.broker_url = url
     sender.conf.result_backend = url
@@ -26,12 +31,26 @@ def _use_gateway_redis(sender: Celery, **_: object) -> None:
 
 app.autodiscover_tasks()
 
+# `celery -A gateway worker --engine-pool NAME` hosts that pool's engine (workers.host).
+app.user_options["worker"].add(click.Option(
+    ["--engine-pool"], default=None, help="Host the engine of this Pool (by name)."))
+app.user_options["worker"].add(click.Option(
+    ["--engine-worker-id"], default=None, help="Worker id in Redis (default: generated)."))
+app.steps["worker"].add("workers.host:EngineHostStep")
 
-def _install_engine_host() -> None:
-    # `celery -A gateway worker --engine-pool NAME` hosts that pool's engine (workers.host).
-    from workers.host import install
-
-    install(app)
-
-
-_install_engine_host()
+# Run under `celery beat` (or a worker started with -B). Every task is short, idempotent and
+# takes a lease where it must, so overlapping runs are harmless and a missed run is caught up
+# by the next one.
+PERIODIC_TASKS: tuple[tuple[str, float, str], ...] = (
+    # A backstop: pool workers already sweep, but a pool whose workers all died has nobody
+    # left to sweep it.
+    ("workers.janitor_sweep", 5.0, "janitor sweep"),
+    ("metering.flush_usage", 2.0, "flush usage records"),
+    ("metering.rollup_usage", 30.0, "roll up usage by hour"),
+    ("contentlog.drain", 2.0, "write content log"),
+    ("contentlog.purge_expired", 300.0, "purge expired content"),
+    ("billing.check_spend_alerts", 60.0, "spend alerts"),
+    ("billing.purge_exports", 3600.0, "purge week-old exports"),
+)
+for _task, _every, _label in PERIODIC_TASKS:
+    app.add_periodic_task(_every, app.signature(_task), name=_label)

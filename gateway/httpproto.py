@@ -6,7 +6,7 @@ that arrives, and a new connection has no timer at all. A client could open conn
 send a header line a minute, holding sockets and parser state forever. Here every connection
 must complete each request's headers within ``HEADER_READ_TIMEOUT_S`` (env, default 10 s) of
 connecting or of its previous response, or it is closed. The body has its own deadline
-(``BODY_READ_TIMEOUT_S``, ``gateway.bodylimit``). Run uvicorn with
+(``BODY_READ_TIMEOUT_S``, ``gateway.inference.bodylimit``). Run uvicorn with
 ``--http gateway.httpproto:BoundedHttpToolsProtocol`` (``tests/procs.py``, ``manage.py serve``).
 """
 

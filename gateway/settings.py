@@ -149,7 +149,7 @@ EXPORT_INLINE_MAX_ROWS = env_int("EXPORT_INLINE_MAX_ROWS", 5000, minimum=1)
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 4 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 # The whole body must arrive within this many seconds of the headers (else 408), so a client
-# that trickles its body cannot hold a connection and a task forever (gateway.bodylimit).
+# that trickles its body cannot hold a connection and a task forever (gateway.inference.bodylimit).
 BODY_READ_TIMEOUT_S = env_float("BODY_READ_TIMEOUT_S", 30.0, minimum=0.1)
 
 # Serving: the simulated engine's pool and heartbeat timing.

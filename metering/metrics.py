@@ -25,6 +25,7 @@ from django.conf import settings
 
 from infra.redis_conn import get_redis, key
 from metering.models import UsageRecord
+from tenants.models import Tenant
 
 BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 PREFIX = "igw"
@@ -100,8 +101,6 @@ def _histogram(out: list[str], name: str, fields: Mapping[str, str], metric: str
 
 
 def _tenant_names(ids: set[str]) -> dict[str, str]:
-    from tenants.models import Tenant
-
     numeric = [int(i) for i in ids if i.isdigit()]
     return {str(pk): slug for pk, slug in Tenant.objects.filter(pk__in=numeric)
             .values_list("pk", "slug")}

@@ -17,8 +17,8 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 
 from infra.redis_conn import get_redis, key
+from metering.keys import dirty_hours_key
 from metering.models import UsageRecord, UsageRollup
-from metering.writer import dirty_hours_key
 
 LEASE_MS = 120_000
 _CLEAR = """

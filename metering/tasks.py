@@ -7,15 +7,9 @@ next run picks up whatever this one did not finish.
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery import shared_task
 
-from gateway.celery import app
 from metering import rollups, writer
-
-FLUSH_EVERY_S = 2.0
-ROLLUP_EVERY_S = 30.0
 
 
 @shared_task(name="metering.flush_usage", ignore_result=True)
@@ -29,10 +23,3 @@ def rollup_usage() -> int:
     # Flush first so the rollup sees everything settled so far.
     writer.flush()
     return len(rollups.rollup_dirty() or [])
-
-
-@app.on_after_finalize.connect
-def _schedule(sender: Any, **_: object) -> None:
-    # Runs under `celery beat` (or a worker started with -B).
-    sender.add_periodic_task(FLUSH_EVERY_S, flush_usage.s(), name="flush usage records")
-    sender.add_periodic_task(ROLLUP_EVERY_S, rollup_usage.s(), name="roll up usage by hour")

@@ -1,6 +1,6 @@
 """Drain ``usage:pending`` into ``UsageRecord`` in batches, losing and duplicating nothing.
 
-Settlement pushes one JSON record per request onto ``usage:pending`` (``serving.admission``).
+Settlement pushes one JSON record per request onto ``usage:pending`` (``serving.settlement``).
 The writer moves a batch to ``usage:processing`` and inserts it; the batch leaves Redis only
 after the transaction that holds it has committed. Invariants:
 
@@ -28,29 +28,13 @@ from django.db import transaction
 from infra.leased_queue import LeasedQueue
 from infra.redis_conn import get_redis, key
 from metering import metrics
+from metering.keys import dead_key, dirty_hours_key, pending_key, processing_key
 from metering.models import UsageRecord
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
 LEASE_MS = 60_000
-
-
-
-def pending_key() -> str:
-    return key("usage", "pending")
-
-
-def processing_key() -> str:
-    return key("usage", "processing")
-
-
-def dead_key() -> str:
-    return key("usage", "dead")
-
-
-def dirty_hours_key() -> str:
-    return key("usage", "dirty_hours")
 
 
 @dataclass

@@ -28,10 +28,12 @@ import redis
 from django.conf import settings
 
 from infra.redis_conn import get_redis, key
-from serving import admission as accounting
-from serving import transport
-from serving.admission import Status
+from serving import liveness, transport, wfq
+from serving.admission import mark_cancel
+from serving.keys import deadlines_key, inflight_key
 from serving.lua import script
+from serving.settlement import Status, settle
+from serving.wire import FinishReason, usage_of
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ def reap_worker(r: redis.Redis, pool: str, wid: str, report: SweepReport) -> boo
     )
     if not marked:
         return False  # it beat in time after all
-    inflight = accounting.inflight_key(wid)
+    inflight = inflight_key(wid)
     for raw in r.smembers(inflight):
         rid = raw.decode()
         if fail_lost_request(r, rid, inflight):
@@ -102,7 +104,7 @@ def reap_worker(r: redis.Redis, pool: str, wid: str, report: SweepReport) -> boo
 
 def fail_lost_request(r: redis.Redis, rid: str, inflight: str) -> bool:
     """End a request whose worker died: retryable error, billed for what was delivered."""
-    return accounting.settle(
+    return settle(
         rid, status=Status.ERROR, finish_reason=None, prompt_tokens=None, output_tokens=None,
         error_code="worker_lost", inflight=inflight, client=r,
         event=transport.error_event(
@@ -112,8 +114,6 @@ def fail_lost_request(r: redis.Redis, rid: str, inflight: str) -> bool:
 
 
 def reap_dead_gateways(r: redis.Redis, report: SweepReport | None = None) -> SweepReport:
-    from serving import liveness
-
     report = report or SweepReport()
     cutoff = _redis_now(r) - settings.GATEWAY_DEAD_AFTER_SECONDS
     for raw_gid in r.zrangebyscore(liveness.gateways_key(), "-inf", cutoff):
@@ -133,18 +133,15 @@ def reap_dead_gateways(r: redis.Redis, report: SweepReport | None = None) -> Swe
 
 def cancel_orphan(r: redis.Redis, rid: str) -> bool:
     """Cancel a request nobody reads any more, as a client hang-up would (see submission)."""
-    from serving import wfq
-
-    found = accounting.mark_cancel(rid, "gateway_lost", client=r)
+    found = mark_cancel(rid, "gateway_lost", client=r)
     if found is None:
         return False  # already settled
     state, pool, tenant = found
     if state == "queued" and wfq.remove(pool, tenant, rid):
-        return accounting.settle(
-            rid, status=Status.CANCELLED, finish_reason="abort", prompt_tokens=0,
+        return settle(
+            rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
             output_tokens=0, error_code="gateway_lost", client=r,
-            event=transport.finish_event("abort", {"prompt_tokens": 0, "completion_tokens": 0,
-                                                   "cached_tokens": 0, "total_tokens": 0}))
+            event=transport.finish_event(FinishReason.ABORT, usage_of(0, 0, 0)))
     transport.publish_cancel_sync(pool, rid, "gateway_lost")
     return True
 
@@ -153,7 +150,7 @@ def settle_overdue(r: redis.Redis, report: SweepReport | None = None, *,
                    now: float | None = None) -> SweepReport:
     report = report or SweepReport()
     cutoff = _redis_now(r) if now is None else now
-    for raw in r.zrangebyscore(accounting.deadlines_key(), "-inf", cutoff, start=0,
+    for raw in r.zrangebyscore(deadlines_key(), "-inf", cutoff, start=0,
                                num=OVERDUE_BATCH):
         rid = raw.decode()
         if expire_request(r, rid, now=now):
@@ -162,15 +159,13 @@ def settle_overdue(r: redis.Redis, report: SweepReport | None = None, *,
 
 
 def expire_request(r: redis.Redis, rid: str, *, now: float | None = None) -> bool:
-    from serving import wfq
-
-    found = accounting.mark_cancel(rid, "deadline_exceeded", client=r)
+    found = mark_cancel(rid, "deadline_exceeded", client=r)
     if found is None:  # settled (or its state is gone): only the zset entry is left
-        r.zrem(accounting.deadlines_key(), rid)
+        r.zrem(deadlines_key(), rid)
         return False
     state, pool, tenant = found
     removed = state == "queued" and wfq.remove(pool, tenant, rid)
-    won = accounting.settle(
+    won = settle(
         rid, status=Status.EXPIRED, prompt_tokens=0 if removed else None,
         output_tokens=0 if removed else None, error_code="deadline_exceeded", now=now, client=r,
         event=transport.error_event(

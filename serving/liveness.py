@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 from django.conf import settings
 
+from infra.loop_local import LoopLocal
 from infra.redis_conn import get_async_redis, key
 
 log = logging.getLogger(__name__)
@@ -98,15 +99,12 @@ class Registry:
             raise
 
 
-_registries: dict[int, tuple[asyncio.AbstractEventLoop, Registry]] = {}
+_registries: LoopLocal[Registry] = LoopLocal(Registry)
 
 
 def registry() -> Registry:
-    loop = asyncio.get_running_loop()
-    found = _registries.get(id(loop))
-    if found is None or found[0] is not loop:  # ids of closed loops get reused
-        found = _registries[id(loop)] = (loop, Registry())
-    return found[1]
+    """This event loop's registry (its heartbeat task runs on the loop)."""
+    return _registries.get()
 
 
 @contextlib.contextmanager

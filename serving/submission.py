@@ -22,23 +22,16 @@ import logging
 import re
 import time
 import uuid
-from array import array
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from infra.redis_conn import get_async_redis
-from serving import admission as accounting
-from serving import liveness, transport
-from serving.admission import (
-    AdmissionLimits,
-    Admitted,
-    RateLimitInfo,
-    Reason,
-    Rejected,
-    Status,
-)
-from workers.engine.base import FinishReason, SamplingParams
+from serving import admission, liveness, settlement, transport, wfq
+from serving.admission import AdmissionLimits, Admitted, RateLimitInfo, Reason, Rejected
+from serving.keys import req_key
+from serving.settlement import Status
+from serving.wire import FinishReason, SamplingParams, pack_prompt, pack_sampling, usage_of
+from tenants.salts import cache_salt as salt_of
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +85,7 @@ _LIMIT_NAMES = {
 class Rejection(Rejected):
     """Admission refused; nothing was charged. The HTTP layer answers 429 with ``headers()``.
 
-    ``accounting.Rejected`` (reason, scope, Retry-After, rate-limit headers) plus the message
+    ``admission.Rejected`` (reason, scope, Retry-After, rate-limit headers) plus the message
     the client reads.
     """
 
@@ -180,50 +173,22 @@ async def cancel_request(rid: str, reason: str) -> bool:
     as cancelled with nothing billed (no accelerator work was done); one a worker holds is
     aborted through ``cancel:{pool}`` and the worker settles it with the engine's counts.
     """
-    found = await accounting.mark_cancel_async(rid, reason)
+    found = await admission.mark_cancel_async(rid, reason)
     if found is None:
         return False
     state, pool, tenant = found
-    if state == "queued" and await accounting._async_wfq().remove(pool, tenant, rid):
-        await accounting.settle_async(
+    if state == "queued" and await wfq.for_loop().remove(pool, tenant, rid):
+        await settlement.settle_async(
             rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
             output_tokens=0, error_code=reason,
-            event=transport.finish_event(FinishReason.ABORT, _usage(0, 0, 0)),
+            event=transport.finish_event(FinishReason.ABORT, usage_of(0, 0, 0)),
         )
         return True
     await transport.publish_cancel(pool, rid, reason)
     return True
 
 
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
-            "total_tokens": prompt + completion}
-
-
-def pack_prompt(ids: Sequence[int]) -> bytes:
-    """Prompt ids as little-endian uint32: 4 bytes a token in Redis, not JSON digits."""
-    packed = array("I", ids)
-    if packed.itemsize != 4:  # pragma: no cover - every supported platform has 4-byte "I"
-        raise RuntimeError("array('I') is not 4 bytes here")
-    return packed.tobytes()
-
-
-def unpack_prompt(data: bytes) -> list[int]:
-    return array("I", data).tolist()
-
-
-def pack_sampling(sampling: SamplingParams) -> str:
-    return json.dumps(asdict(sampling), separators=(",", ":"))
-
-
-def unpack_sampling(data: bytes | str) -> SamplingParams:
-    raw: dict[str, Any] = json.loads(data)
-    raw["stop"] = tuple(raw.get("stop") or ())
-    raw["stop_token_ids"] = tuple(raw.get("stop_token_ids") or ())
-    return SamplingParams(**raw)
-
-
-def _message(rejected: accounting.Rejected, limits: AdmissionLimits, prompt: int,
+def _message(rejected: Rejected, limits: AdmissionLimits, prompt: int,
              max_out: int) -> str:
     if rejected.reason == Reason.TOO_LARGE:
         scope, _, kind = rejected.scope.partition(":")
@@ -257,12 +222,10 @@ async def submit(
     if not prompt_token_ids:
         raise ValueError("prompt_token_ids is empty")
     if cache_salt is None:
-        from tenants.salts import cache_salt as salt_of
-
         cache_salt = salt_of(int(tenant_id))
     started = time.monotonic()
     prompt, max_out = len(prompt_token_ids), sampling.max_tokens
-    result = await accounting.admit_async(
+    result = await admission.admit_async(
         request_id=rid, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
@@ -273,13 +236,13 @@ async def submit(
         return Rejection(rid, result.reason, result.scope, result.retry_after, result.rate_limit,
                          _message(result, limits, prompt, max_out))
     try:
-        await accounting._async_wfq().enqueue(
+        await wfq.for_loop().enqueue(
             pool, str(tenant_id), rid, weight=weight, prompt_tokens=prompt,
             max_output_tokens=max_out, kv_tokens=prompt + max_out,
         )
     except BaseException:
         # Not queued, so nobody else will end it: give the charge back now.
-        await accounting.settle_async(rid, status=Status.ERROR, prompt_tokens=0, output_tokens=0,
+        await settlement.settle_async(rid, status=Status.ERROR, prompt_tokens=0, output_tokens=0,
                                       error_code="enqueue_failed")
         raise
     await _wake(pool)
@@ -305,7 +268,7 @@ async def attach(request_id: str, tenant_id: int | str) -> Submission | None:
     if not _RID.fullmatch(request_id):
         return None
     values = await get_async_redis().hmget(
-        accounting.req_key(request_id), "tenant", "pool", "ttft_s", "total_s", "admitted_at")
+        req_key(request_id), "tenant", "pool", "ttft_s", "total_s", "admitted_at")
     tenant, pool, ttft, total, admitted = (v.decode() if v else None for v in values)
     if tenant is None or tenant != str(tenant_id):
         return None  # another tenant's id reads as unknown (I1)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -43,9 +44,11 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from infra.loop_local import LoopLocal
 from infra.redis_conn import get_async_redis, get_redis, key, redis_url
-from serving.admission import STREAM_MAXLEN, req_key, stream_key
+from serving.keys import req_key, stream_key
 from serving.lua import script
+from serving.settlement import STREAM_MAXLEN
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +166,6 @@ def error_event(code: str, message: str, *, retryable: bool) -> dict[str, str]:
 
 def finish_event(finish_reason: str, usage: Mapping[str, int], text: str = "",
                  n: int = 0) -> dict[str, str | int]:
-    import json
-
     event: dict[str, str | int] = {"f": finish_reason, "u": json.dumps(dict(usage))}
     if n:
         event.update(t=text, n=n)
@@ -501,16 +502,12 @@ class StreamReader:
         self._set_position(sk, entries[-1][0])
 
 
-_readers: dict[int, tuple[asyncio.AbstractEventLoop, StreamReader]] = {}
+_readers: LoopLocal[StreamReader] = LoopLocal(StreamReader)
 
 
 def reader() -> StreamReader:
     """This event loop's reader (asyncio clients cannot cross loops, so one per loop)."""
-    loop = asyncio.get_running_loop()
-    found = _readers.get(id(loop))
-    if found is None or found[0] is not loop:  # ids of closed loops get reused
-        found = _readers[id(loop)] = (loop, StreamReader())
-    return found[1]
+    return _readers.get()
 
 
 def subscribe(rid: str, last_id: str = "0-0") -> AsyncIterator[StreamEvent]:

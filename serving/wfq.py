@@ -46,7 +46,9 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from infra.loop_local import LoopLocal
 from infra.redis_conn import get_async_redis, get_redis, key
+from serving.keys import inflight_key
 
 POLICIES = ("wfq", "fifo")
 _SEP = "|"  # field separator inside a packed queue entry (see serving/lua/wfq/common.lua)
@@ -145,10 +147,6 @@ def _keys(pool: str) -> Keys:
 @lru_cache(maxsize=1024)
 def _cached_keys(prefix: str, pool: str) -> Keys:
     return Keys(pool)
-
-
-def inflight_key(worker_id: str) -> str:
-    return key("worker", worker_id, "inflight")
 
 
 def _check(pattern: re.Pattern[str], what: str, value: str) -> None:
@@ -458,6 +456,14 @@ class AsyncWfq(_Base):
     async def reset(self, pool: str) -> None:
         keys = _keys(pool)
         await self._run("reset", (list(keys.common), [keys.qprefix]))
+
+
+_async_wfqs: LoopLocal[AsyncWfq] = LoopLocal(AsyncWfq)
+
+
+def for_loop() -> AsyncWfq:
+    """This event loop's ``AsyncWfq`` (policy ``wfq``, prices read from settings)."""
+    return _async_wfqs.get()
 
 
 # --- module-level shortcuts on the process's shared sync client ----------------------------

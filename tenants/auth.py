@@ -52,6 +52,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from infra.redis_conn import get_async_redis, get_redis, key
+from tenants import mtls, oidc
 from tenants.keys import candidate_hashes, parse_key
 from tenants.limits import Limits, quota_table, resolve
 from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
@@ -516,8 +517,6 @@ def authenticate_jwt(token: str) -> Principal:
     With a warm cache this makes no database query: the registration and its Principal are
     cached per (iss, aud) under the auth epoch; the signature and claims are checked every time.
     """
-    from tenants import oidc
-
     try:
         iss, auds = oidc.unverified_issuer_audiences(token)
         provider, principal = _registration(oidc, iss, auds)
@@ -552,8 +551,6 @@ def _registration(oidc: Any, iss: str, auds: list[str]) -> tuple[Any, Principal]
 
 def authenticate_certificate(fingerprint: str) -> Principal:
     """The tenant a client certificate (SHA-256 fingerprint) is bound to; 401 if none."""
-    from tenants import mtls
-
     cache_key = ("mtls", fingerprint)
     hit = _other_cached(cache_key)
     if hit:
@@ -576,8 +573,6 @@ def _single(headers: Mapping[str, str], name: str) -> str | None:
 
 def authenticate_request(headers: Mapping[str, str], client_ip: str | None) -> Principal:
     """API key, then OIDC bearer JWT, then a trusted proxy's client certificate."""
-    from tenants import mtls, oidc
-
     authorization = _single(headers, "authorization")
     token = bearer_token(authorization)
     if token:

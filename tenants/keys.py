@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import transaction
 
+from tenants.models import ApiKey
+
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
-    from tenants.models import ApiKey, ServedModel, Tenant
+    from tenants.models import ServedModel, Tenant
 
 ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 RANDOM_BYTES = 32
@@ -128,8 +130,6 @@ def issue_key(
     **limits: Any,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``tenant``; return it with its plaintext, which is never stored."""
-    from tenants.models import ApiKey
-
     api_key = ApiKey(
         tenant=tenant, name=name, expires_at=expires_at, created_by=created_by, **limits
     )

@@ -21,10 +21,36 @@ from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
 
-from tenants.models import LIMIT_FIELDS, QUOTA_DEFAULTS, QUOTA_FIELDS
-
 if TYPE_CHECKING:
     from tenants.models import ApiKey, ServedModel, Tenant
+
+LIMIT_FIELDS = (
+    "input_tpm",
+    "output_tpm",
+    "concurrent_requests",
+    "open_streams",
+    "max_output_tokens",
+)
+QUOTA_FIELDS = (
+    *LIMIT_FIELDS,
+    "input_burst",
+    "output_burst",
+    "max_context_tokens",
+    "ttft_deadline_s",
+    "total_deadline_s",
+)
+QUOTA_DEFAULTS = {
+    "input_tpm": 200_000,
+    "output_tpm": 100_000,
+    "input_burst": None,  # None: one minute's worth of the rate
+    "output_burst": None,
+    "concurrent_requests": 32,
+    "open_streams": 32,
+    "max_context_tokens": 8192,
+    "max_output_tokens": 4096,
+    "ttft_deadline_s": 30.0,
+    "total_deadline_s": 600.0,
+}
 
 Number = int | float
 QuotaValues = Mapping[str, Number | None]

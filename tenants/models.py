@@ -12,9 +12,24 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.dispatch import Signal
 from django.utils import timezone
 
+from tenants.fingerprints import normalize_fingerprint
 from tenants.geometry import kv_bytes_per_token
+from tenants.limits import (
+    LIMIT_FIELDS,
+    QUOTA_DEFAULTS,
+    QUOTA_FIELDS,
+    field_errors,
+    row_values,
+    validate_quota,
+)
+
+__all__ = ["LIMIT_FIELDS", "QUOTA_DEFAULTS", "QUOTA_FIELDS"]  # re-exported: they live in limits
+
+# Sent by ApiKeyQuerySet.revoke, whose bulk UPDATE sends no post_save.
+keys_revoked = Signal()
 
 
 class Tier(models.Model):
@@ -164,35 +179,6 @@ class Tenant(models.Model):
 
 # Limit fields shared by tenant quotas and per-key limits. A quota row leaves a field empty to
 # inherit it (per-model override -> tenant default); a key leaves it empty to use the tenant's.
-LIMIT_FIELDS = (
-    "input_tpm",
-    "output_tpm",
-    "concurrent_requests",
-    "open_streams",
-    "max_output_tokens",
-)
-QUOTA_FIELDS = (
-    *LIMIT_FIELDS,
-    "input_burst",
-    "output_burst",
-    "max_context_tokens",
-    "ttft_deadline_s",
-    "total_deadline_s",
-)
-QUOTA_DEFAULTS = {
-    "input_tpm": 200_000,
-    "output_tpm": 100_000,
-    "input_burst": None,  # None: one minute's worth of the rate
-    "output_burst": None,
-    "concurrent_requests": 32,
-    "open_streams": 32,
-    "max_context_tokens": 8192,
-    "max_output_tokens": 4096,
-    "ttft_deadline_s": 30.0,
-    "total_deadline_s": 600.0,
-}
-
-
 def _positive_int(**kwargs: object) -> models.PositiveIntegerField:
     return models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)], **kwargs
@@ -240,8 +226,6 @@ class Quota(models.Model):
         return f"{self.tenant} quota ({self.model or 'default'})"
 
     def clean(self) -> None:
-        from tenants.limits import QUOTA_FIELDS, field_errors, row_values, validate_quota
-
         if getattr(self, "defer_cross_row_checks", False):
             # The admin's inline formset checks this row against the default edited beside it.
             if errors := field_errors(row_values(self), QUOTA_FIELDS):
@@ -266,11 +250,9 @@ class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
 
         One UPDATE, so a key revoked twice keeps its first revocation time.
         """
-        from tenants.auth import invalidate_principals
-
         count = self.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         if count:
-            invalidate_principals()
+            keys_revoked.send(sender=ApiKey, count=count)  # tenants.signals: new auth epoch
         return count
 
     revoke.queryset_only = True  # type: ignore[attr-defined]  # never ApiKey.objects.revoke()
@@ -447,8 +429,6 @@ class ClientCertificate(models.Model):
         return f"{self.name} ({self.fingerprint_sha256[:16]}…)"
 
     def clean(self) -> None:
-        from tenants.mtls import normalize_fingerprint
-
         fingerprint = normalize_fingerprint(self.fingerprint_sha256)
         if fingerprint is None:
             raise ValidationError({"fingerprint_sha256": "Not a SHA-256 fingerprint."})

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import re
 from collections.abc import Mapping
 from functools import lru_cache
 from urllib.parse import unquote
@@ -26,22 +25,13 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from tenants.fingerprints import normalize_fingerprint
 from tenants.models import ClientCertificate
-
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def synthetic_key_id(binding_id: int) -> int:
     """Odd negatives for certificates (OIDC registrations take even ones)."""
     return -(2 * binding_id + 1)
-
-
-def normalize_fingerprint(value: str | None) -> str | None:
-    """``AB:CD:...`` / ``abcd...`` / ``sha256:...`` -> 64 lowercase hex digits, or None."""
-    if not value:
-        return None
-    cleaned = value.strip().lower().removeprefix("sha256:").replace(":", "").replace(" ", "")
-    return cleaned if _HEX64.match(cleaned) else None
 
 
 def fingerprint_of_pem(pem: str) -> str | None:

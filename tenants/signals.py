@@ -4,7 +4,7 @@ A Principal holds the key, its tenant (status, tier weight, region), the key's a
 and the tenant's quotas. A save or delete of any of them rewrites the auth epoch
 (``tenants.auth.invalidate_principals``) so cached principals are reloaded on the next request.
 Bulk ``QuerySet.update`` sends no signal: code that revokes in bulk goes through
-``ApiKeyQuerySet.revoke``, which invalidates itself.
+``ApiKeyQuerySet.revoke``, which sends ``keys_revoked``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tenants.models import (
     ServedModel,
     Tenant,
     Tier,
+    keys_revoked,
 )
 
 
@@ -41,3 +42,8 @@ for model in (Tier, Tenant, Quota, ApiKey, ServedModel, IdentityProvider, Client
 def _allowed_models_changed(action: str, **kwargs: Any) -> None:
     if action.startswith("post_"):
         invalidate_principals()
+
+
+@receiver(keys_revoked, dispatch_uid="auth-epoch-revoke")
+def _revoked(**_: Any) -> None:
+    invalidate_principals()

@@ -172,5 +172,5 @@ def arun(coro: Any) -> Any:
 
     from infra import redis_conn
 
-    redis_conn._async_clients.clear()
+    redis_conn.async_clients.clear()
     return asyncio.run(coro)

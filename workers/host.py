@@ -36,54 +36,27 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from celery import bootsteps
+from celery.signals import worker_shutting_down
 from django.conf import settings
 
 from infra.redis_conn import get_async_redis, key
-from serving import admission as accounting
-from serving import transport
-from serving.admission import Status
+from serving import admission, janitor, settlement, transport
+from serving.keys import inflight_key
 from serving.lua import script
+from serving.settlement import Status
+from serving.wfq import AsyncWfq
+from serving.wire import unpack_prompt, unpack_sampling, usage_of
 from workers.engine.base import Engine, EngineError, EngineRequest, FinishReason, TokenDelta
-from workers.engine.registry import EngineConfigError, build_engine
+from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
 
 log = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 600.0
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    name: str
-    backend: str = "simulated"
-    backend_settings: dict[str, Any] = field(default_factory=dict)
-    max_sequences: int = 64
-    kv_cache_tokens: int = 381_000
-    kv_overcommit: float = 1.0
-    max_model_len: int = 8192
-    tokenizer_path: str = ""
-    model_id: str = ""  # ServedModel.engine_model_id
-    dedicated: bool = False
-
-    @classmethod
-    def load(cls, name: str) -> PoolSpec:
-        from tenants.models import Pool
-
-        pool = Pool.objects.select_related("model").filter(name=name).first()
-        if pool is None:
-            raise EngineConfigError(f"no pool named {name!r} (create it in the admin first)")
-        if not pool.enabled:
-            raise EngineConfigError(f"pool {name!r} is disabled")
-        return cls(name=pool.name, backend=pool.backend,
-                   backend_settings=dict(pool.backend_settings or {}),
-                   max_sequences=pool.max_sequences, kv_cache_tokens=pool.kv_cache_tokens,
-                   kv_overcommit=pool.kv_overcommit, max_model_len=pool.model.max_model_len,
-                   tokenizer_path=pool.model.tokenizer_path,
-                   model_id=pool.model.engine_model_id or "",
-                   dedicated=pool.dedicated_to_id is not None)
 
 
 def new_worker_id(pool: str) -> str:
@@ -114,7 +87,7 @@ class _Running:
 class EngineHost:
     """Runs one engine for one pool on the current event loop (see the module docstring)."""
 
-    def __init__(self, spec: PoolSpec, engine: Engine, worker_id: str | None = None, *,
+    def __init__(self, spec: EngineSpec, engine: Engine, worker_id: str | None = None, *,
                  heartbeat_s: float | None = None, dead_after_s: float | None = None,
                  drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
         self.spec = spec
@@ -145,7 +118,7 @@ class EngineHost:
 
     @property
     def inflight(self) -> str:
-        return accounting.inflight_key(self.worker_id)
+        return inflight_key(self.worker_id)
 
     def _self_wake(self) -> str:
         return key("wake", "worker", self.worker_id)
@@ -157,8 +130,6 @@ class EngineHost:
                 self._loop.call_soon_threadsafe(self._stop.set)
 
     async def run(self) -> None:
-        from serving.wfq import AsyncWfq
-
         self._loop = asyncio.get_running_loop()
         self._stop, self._flush_needed = asyncio.Event(), asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -279,13 +250,13 @@ class EngineHost:
     async def _serve(self, rid: str) -> None:
         entry = self.running[rid]
         try:
-            claim = await accounting.claim_async(rid, self.worker_id, client=self._redis)
+            claim = await admission.claim_async(rid, self.worker_id, client=self._redis)
             if claim is None:  # settled while it was being dispatched (cancel, deadline)
                 await self._redis.srem(self.inflight, rid)
                 return
             entry.cancel_reason = entry.cancel_reason or claim.cancel_reason
             if entry.cancel_reason:
-                event = transport.finish_event(FinishReason.ABORT, _usage(0, 0, 0))
+                event = transport.finish_event(FinishReason.ABORT, usage_of(0, 0, 0))
                 await self._settle(rid, Status.CANCELLED, FinishReason.ABORT, 0, 0, 0,
                                    error_code=entry.cancel_reason, event=event)
                 return
@@ -299,8 +270,6 @@ class EngineHost:
             self._freed(rid)
 
     def _engine_request(self, rid: str, payload: dict[str, bytes]) -> EngineRequest:
-        from serving.submission import unpack_prompt, unpack_sampling
-
         return EngineRequest(
             request_id=rid, prompt_token_ids=unpack_prompt(payload["prompt_ids"]),
             sampling=unpack_sampling(payload["sampling"]),
@@ -389,11 +358,11 @@ class EngineHost:
                                           "please retry.", retryable=True)
         elif last.finish_reason != FinishReason.ABORT:
             status, code, event = Status.OK, None, transport.finish_event(
-                last.finish_reason or "stop", _usage(prompt or 0, out or 0, cached))
+                last.finish_reason or "stop", usage_of(prompt or 0, out or 0, cached))
         elif entry.cancel_reason:
             status, code = Status.CANCELLED, entry.cancel_reason
             event = transport.finish_event(FinishReason.ABORT,
-                                           _usage(prompt or 0, out or 0, cached))
+                                           usage_of(prompt or 0, out or 0, cached))
         else:  # aborted by the drain timeout
             status, code = Status.ERROR, "worker_shutdown"
             event = transport.error_event("worker_shutdown", "The worker shut down; retry.",
@@ -405,7 +374,7 @@ class EngineHost:
                       prompt: int | None, cached: int, output: int | None, *,
                       error_code: str | None, event: dict[str, Any]) -> bool:
         """Queue the settle behind this request's last tokens, in the next step's pipeline."""
-        keys, args = accounting.settle_call(
+        keys, args = settlement.settle_call(
             rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt,
             cached_tokens=cached, output_tokens=output, error_code=error_code, event=event,
             inflight=self.inflight,
@@ -415,9 +384,9 @@ class EngineHost:
         self._batch.settle(rid, keys, args)
         self._waiters.append(waiter)
         self._flush_soon()
-        done = accounting.parse_settle(rid, await waiter)
+        done = settlement.parse_settle(rid, await waiter)
         if done is not None:
-            await accounting.correct_wfq_async(done)
+            await settlement.correct_wfq_async(done)
         return done is not None
 
     # -- the step batch -----------------------------------------------------------------------
@@ -534,8 +503,6 @@ class EngineHost:
         await self._beat()
 
     async def _janitor(self) -> None:
-        from serving import janitor
-
         interval = max(self.heartbeat_s, self.dead_after_s / 4)
         while not _cancelling():
             await asyncio.sleep(interval)
@@ -550,11 +517,6 @@ def _cancelling() -> bool:
     (redis-py can, mid-read); background loops test it so a drain never hangs on them."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
-
-
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
-            "total_tokens": prompt + completion}
 
 
 # -- Celery integration -----------------------------------------------------------------------
@@ -600,52 +562,44 @@ class HostThread:
         self.thread.join(timeout)
 
 
-def install(app: Any) -> None:
-    """Add ``--engine-pool`` / ``--engine-worker-id`` and the host bootstep to a Celery app."""
-    import click
-    from celery import bootsteps
-    from celery.signals import worker_shutting_down
+class EngineHostStep(bootsteps.StartStopStep):
+    """Hosts the pool's engine in this worker when ``--engine-pool`` is given.
 
-    class EngineHostStep(bootsteps.StartStopStep):
-        """Hosts the pool's engine in this worker when ``--engine-pool`` is given."""
+    ``gateway.celery`` adds it to the worker by name, with the two options, so the Celery app
+    loads without this module: it imports models, which wait for Django's set-up.
+    """
 
-        def __init__(self, parent: Any, engine_pool: str | None = None,
-                     engine_worker_id: str | None = None, **kwargs: Any) -> None:
-            super().__init__(parent, **kwargs)
-            self.pool_name = engine_pool
-            self.worker_id = engine_worker_id
-            self.runner: HostThread | None = None
+    def __init__(self, parent: Any, engine_pool: str | None = None,
+                 engine_worker_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.pool_name = engine_pool
+        self.worker_id = engine_worker_id
+        self.runner: HostThread | None = None
 
-        def include_if(self, parent: Any) -> bool:
-            return bool(self.pool_name)
+    def include_if(self, parent: Any) -> bool:
+        return bool(self.pool_name)
 
-        def start(self, parent: Any) -> None:
-            assert self.pool_name
-            spec = PoolSpec.load(self.pool_name)
-            host = EngineHost(spec, build_engine(spec), self.worker_id)
-            self.runner = HostThread(host)
-            self.runner.start()
-            # Celery stops its broker consumer before calling stop() here, which can take a
-            # second; begin the drain the moment shutdown starts, so no new work is taken.
-            worker_shutting_down.connect(self._begin_drain, weak=False)
+    def start(self, parent: Any) -> None:
+        assert self.pool_name
+        spec = EngineSpec.load(self.pool_name)
+        host = EngineHost(spec, build_engine(spec), self.worker_id)
+        self.runner = HostThread(host)
+        self.runner.start()
+        # Celery stops its broker consumer before calling stop() here, which can take a
+        # second; begin the drain the moment shutdown starts, so no new work is taken.
+        worker_shutting_down.connect(self._begin_drain, weak=False)
 
-        def _begin_drain(self, **_: Any) -> None:
-            if self.runner is not None:
-                self.runner.host.request_stop()
+    def _begin_drain(self, **_: Any) -> None:
+        if self.runner is not None:
+            self.runner.host.request_stop()
 
-        def stop(self, parent: Any) -> None:
-            if self.runner is not None:
-                self.runner.stop(self.runner.host.drain_timeout_s + 30)
-                self.runner = None
+    def stop(self, parent: Any) -> None:
+        if self.runner is not None:
+            self.runner.stop(self.runner.host.drain_timeout_s + 30)
+            self.runner = None
 
-        def shutdown(self, parent: Any) -> None:
-            self.stop(parent)
-
-    app.user_options["worker"].add(click.Option(
-        ["--engine-pool"], default=None, help="Host the engine of this Pool (by name)."))
-    app.user_options["worker"].add(click.Option(
-        ["--engine-worker-id"], default=None, help="Worker id in Redis (default: generated)."))
-    app.steps["worker"].add(EngineHostStep)
+    def shutdown(self, parent: Any) -> None:
+        self.stop(parent)
 
 
-__all__ = ["EngineConfigError", "EngineHost", "PoolSpec", "build_engine", "install"]
+__all__ = ["EngineConfigError", "EngineHost", "EngineHostStep", "EngineSpec", "build_engine"]

@@ -6,25 +6,12 @@ run picks up whatever this one did not finish. (Usage flushing lives in ``meteri
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery import shared_task
 
-from gateway.celery import app
-
-JANITOR_EVERY_S = 5.0
+from serving import janitor
 
 
 @shared_task(name="workers.janitor_sweep", ignore_result=True)
 def janitor_sweep() -> dict[str, list[str]]:
     """Reap dead workers and settle overdue requests (also runs inside every pool worker)."""
-    from serving import janitor
-
     return janitor.sweep().as_dict()
-
-
-@app.on_after_finalize.connect
-def _schedule(sender: Any, **_: object) -> None:
-    # A backstop under `celery beat`: pool workers already sweep, but a pool whose workers all
-    # died has nobody left to sweep it.
-    sender.add_periodic_task(JANITOR_EVERY_S, janitor_sweep.s(), name="janitor sweep")

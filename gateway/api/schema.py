@@ -2,8 +2,8 @@
 
 drf-spectacular lists only the success status, but every view can also answer 400 (bad body
 or query), 401 (no credential), 403 (role), 404 (another tenant's slug, an unknown id), 405 and
-the body limits' 408 / 413 (``gateway.bodylimit``), all with the OpenAI-shaped error body of
-``gateway.api.errors``. Clients generated from the document (and schemathesis'
+the body limits' 408 / 413 (``gateway.inference.bodylimit``), all with the OpenAI-shaped
+error body of ``gateway.api.errors``. Clients generated from the document (and schemathesis'
 status-code check) need them listed.
 """
 

@@ -6,15 +6,9 @@ batches, so overlapping runs are harmless and a failed run is simply retried by 
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery import shared_task
 
-from gateway.celery import app
 from gateway.contentlog import lifecycle, store
-
-DRAIN_EVERY_S = 2.0
-PURGE_EVERY_S = 300.0
 
 
 @shared_task(name="contentlog.drain", ignore_result=True)
@@ -31,9 +25,3 @@ def drain_content() -> int:
 @shared_task(name="contentlog.purge_expired", ignore_result=True)
 def purge_expired() -> int:
     return lifecycle.purge_expired()
-
-
-@app.on_after_finalize.connect
-def _schedule(sender: Any, **_: object) -> None:
-    sender.add_periodic_task(DRAIN_EVERY_S, drain_content.s(), name="write content log")
-    sender.add_periodic_task(PURGE_EVERY_S, purge_expired.s(), name="purge expired content")

@@ -39,11 +39,11 @@ import redis
 from asgiref.sync import sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 
-from gateway.bodylimit import read_bounded_body
 from gateway.contentlog.store import aenqueue_content
 from gateway.env import env_float, env_str
 from gateway.inference import facade, idempotency, overload, sse
 from gateway.inference.admission import size_request, tokenize
+from gateway.inference.bodylimit import read_bounded_body
 from gateway.inference.errors import (
     ApiError,
     method_not_allowed,
@@ -100,7 +100,7 @@ class ApiConsumer(AsyncHttpConsumer):
     async def _read_body(self, receive: Receive) -> bytes | None:
         if self.scope["method"] not in self.methods:
             raise method_not_allowed(", ".join(self.methods))
-        # At most MAX_REQUEST_BYTES (413) within BODY_READ_TIMEOUT_S (408): gateway.bodylimit.
+        # At most MAX_REQUEST_BYTES (413) within BODY_READ_TIMEOUT_S (408): bodylimit.
         return await read_bounded_body(self.scope, receive)
 
     async def _watch(self, receive: Receive) -> None:

@@ -15,6 +15,7 @@ from functools import cache
 from typing import Any
 
 from gateway.inference import requests as rq
+from gateway.inference.consumers import ApiConsumer
 from gateway.inference.requests import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -242,8 +243,6 @@ def spec_bytes() -> bytes:
 
 def consumer() -> Any:
     """``GET /v1/openapi.json`` (no credential: the document is the same for everyone)."""
-    from gateway.inference.consumers import ApiConsumer
-
     class OpenApiConsumer(ApiConsumer):
         methods = ("GET",)
 

@@ -20,7 +20,9 @@ from django.db import DatabaseError
 
 from gateway.inference.errors import model_not_found, unavailable
 from infra.redis_conn import get_async_redis, key
+from tenants.models import Pool, ServedModel
 from workers.engine.adapters import AdapterCatalog, AdapterNotFound
+from workers.engine.registry import EngineConfigError, adapter_catalog
 
 log = logging.getLogger(__name__)
 TTL = 2.0
@@ -60,8 +62,6 @@ _cache: tuple[float, Catalog] | None = None
 
 
 def _load_catalog() -> Catalog:
-    from tenants.models import Pool, ServedModel
-
     models = {
         m.name: ModelInfo(m.name, m.tokenizer_path or None, m.max_model_len,
                           int(m.created_at.timestamp()))
@@ -76,8 +76,6 @@ def _load_catalog() -> Catalog:
 
 
 def _adapters(pool: object) -> AdapterCatalog:
-    from workers.engine.registry import EngineConfigError, adapter_catalog
-
     try:
         return adapter_catalog(pool)
     except EngineConfigError:

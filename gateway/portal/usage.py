@@ -18,7 +18,9 @@ from django.db.models import Aggregate, FloatField, Sum
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
+from infra.redis_conn import get_redis
 from metering.billing import reports
+from metering.metrics import rejected_key
 from metering.models import UsageRecord
 from tenants.models import ApiKey, Tenant
 
@@ -156,8 +158,6 @@ def rejections(tenant: Tenant) -> list[tuple[str, str, int]] | None:
     """(model, reason, count) of the tenant's 429s, from the gateway's shared counter
     (``metering.metrics``: one Redis hash, cumulative, no time dimension). None if unreadable."""
     try:
-        from infra.redis_conn import get_redis
-        from metering.metrics import rejected_key
 
         fields = get_redis().hscan_iter(rejected_key(), match=f"{tenant.pk}|*", count=1000)
         rows = []

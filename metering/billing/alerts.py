@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from metering.billing import reports
 from metering.billing.models import AlertEvent, SpendAlert
+from tenants.auth import invalidate_principals
 from tenants.models import ApiKey, Membership, Tenant
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,6 @@ def _post_webhook(alert: SpendAlert, period: str, value: Decimal, suspended: boo
 def _suspend(alert: SpendAlert) -> bool:
     """Hard cap: the key stops authenticating now (expired), or the whole tenant is suspended."""
     if alert.api_key_id:
-        from tenants.auth import invalidate_principals
 
         changed = ApiKey.objects.filter(pk=alert.api_key_id).usable().update(
             expires_at=timezone.now()

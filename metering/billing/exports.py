@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -37,8 +38,6 @@ def queue_export(
     fmt: str,
 ) -> ExportJob:
     """Create the job and enqueue its task once the row is committed (the task reads it)."""
-    from metering.billing.tasks import run_export
-
     job = ExportJob.objects.create(
         tenant=tenant, requested_by=user, start=reports.floor_hour(start),
         end=reports.ceil_hour(end), group_by=group_by, format=fmt,
@@ -76,6 +75,12 @@ def run(job_id: int) -> bool:
         status=ExportJob.Status.DONE, file_path=str(path), finished_at=timezone.now()
     )
     return True
+
+
+@shared_task(name="billing.run_export", ignore_result=True)
+def run_export(job_id: int) -> bool:
+    """The Celery task of ``run``; defined here, beside ``queue_export`` that enqueues it."""
+    return run(job_id)
 
 
 def _progress(job_id: int, done: int, total: int) -> None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from tenants.salts import cache_salt
+
 
 class AdapterNotFound(LookupError):
     """No adapter of that name for this tenant (whether or not another tenant has one)."""
@@ -54,8 +56,6 @@ class Adapter:
 
 
 def _default_salt(tenant_id: int) -> str:
-    from tenants.salts import cache_salt
-
     return cache_salt(tenant_id)
 
 

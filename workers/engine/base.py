@@ -14,23 +14,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Part of the wire format between gateway and worker; re-exported for the engines.
+from serving.wire import FinishReason, SamplingParams
 
-class FinishReason:
-    STOP = "stop"  # end-of-sequence token or a stop sequence
-    LENGTH = "length"  # max_tokens reached (or the context window)
-    ABORT = "abort"  # aborted by id (client gone, deadline)
-    ERROR = "error"  # the engine failed this request
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
+__all__ = [
+    "Engine", "EngineError", "EngineLoad", "EngineRequest", "FinishReason", "SamplingParams",
+    "TokenDelta", "Tokenizer", "Usage",
+]
 
 
 @dataclass(frozen=True)

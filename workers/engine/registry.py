@@ -18,8 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenants.models import Pool
 from workers.engine.adapters import AdapterCatalog, AdapterConfigError
 from workers.engine.base import Engine
+from workers.engine.simulated import Fault, SimConfig, SimulatedEngine
+from workers.engine.upstream import UpstreamEngine, UpstreamSettings
+from workers.engine.vllm_backend import VLLMEngine, VLLMSettings
 
 BACKENDS = ("simulated", "vllm", "openai_upstream")
 NUM = (int, float)
@@ -56,13 +60,18 @@ class EngineConfigError(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What building an engine needs from a ``Pool`` row and its model."""
+    """A pool's engine as a worker builds and hosts it: read once from its ``Pool`` row and model.
+
+    One type for both jobs: ``build_engine`` reads the backend and its settings, the engine host
+    (``workers.host``) the slot and KV capacity it dispatches into.
+    """
 
     name: str
     backend: str = "simulated"
     backend_settings: dict[str, Any] = field(default_factory=dict)
     max_sequences: int = 64
     kv_cache_tokens: int = 381_000
+    kv_overcommit: float = 1.0
     max_model_len: int = 8192
     tokenizer_path: str = ""
     model_id: str = ""  # ServedModel.engine_model_id: the path or id the engine loads
@@ -75,19 +84,30 @@ class EngineSpec:
             name=pool.name, backend=pool.backend,
             backend_settings=dict(pool.backend_settings or {}),
             max_sequences=pool.max_sequences, kv_cache_tokens=pool.kv_cache_tokens,
-            max_model_len=m.max_model_len, tokenizer_path=m.tokenizer_path or "",
-            model_id=m.engine_model_id or "", dedicated=pool.dedicated_to_id is not None,
+            kv_overcommit=pool.kv_overcommit, max_model_len=m.max_model_len,
+            tokenizer_path=m.tokenizer_path or "", model_id=m.engine_model_id or "",
+            dedicated=pool.dedicated_to_id is not None,
         )
 
     @classmethod
+    def load(cls, name: str) -> EngineSpec:
+        """The enabled pool ``name`` from the database; EngineConfigError saying why not."""
+        pool = Pool.objects.select_related("model").filter(name=name).first()
+        if pool is None:
+            raise EngineConfigError(f"no pool named {name!r} (create it in the admin first)")
+        if not pool.enabled:
+            raise EngineConfigError(f"pool {name!r} is disabled")
+        return cls.from_pool(pool)
+
+    @classmethod
     def coerce(cls, obj: Any) -> EngineSpec:
-        """A spec from a Pool, an EngineSpec, or any object with the same fields (PoolSpec)."""
+        """A spec from a Pool, an EngineSpec, or any object with the same fields."""
         if isinstance(obj, EngineSpec):
             return obj
         if hasattr(obj, "dedicated_to_id") and hasattr(obj, "model"):
             return cls.from_pool(obj)
         names = ("backend", "backend_settings", "max_sequences", "kv_cache_tokens",
-                 "max_model_len", "tokenizer_path", "model_id", "dedicated")
+                 "kv_overcommit", "max_model_len", "tokenizer_path", "model_id", "dedicated")
         values = {n: getattr(obj, n) for n in names if hasattr(obj, n)}
         values["backend_settings"] = dict(values.get("backend_settings") or {})
         return cls(name=obj.name, **values)
@@ -136,7 +156,7 @@ def adapter_catalog(spec: Any) -> AdapterCatalog:
 
 
 def build_engine(pool: Any, clock: Any = None) -> Engine:
-    """The engine for a pool (a ``Pool`` row, an ``EngineSpec`` or ``workers.host.PoolSpec``).
+    """The engine for a pool (a ``Pool`` row or an ``EngineSpec``).
 
     ``clock`` is for the simulated engine (virtual time in simulations); real engines ignore it.
     """
@@ -150,8 +170,6 @@ def build_engine(pool: Any, clock: Any = None) -> Engine:
 
 
 def _simulated(spec: EngineSpec, clock: Any) -> Engine:
-    from workers.engine.simulated import SimConfig, SimulatedEngine
-
     extra = {k: v for k, v in spec.backend_settings.items() if k in SIM_KEYS}
     if "fail_request_ids" in extra:
         extra["fail_request_ids"] = frozenset(extra["fail_request_ids"])
@@ -171,8 +189,6 @@ def fault_rules(rules: list[Any]) -> Any:
     the pool's settings (admin only), so a tenant can trigger a fault only where an operator
     configured one; a pool without ``faults`` is unaffected.
     """
-    from workers.engine.simulated import Fault
-
     table: dict[int, Fault] = {}
     for rule in rules:
         if not isinstance(rule, dict) or not isinstance(rule.get("seed"), int):
@@ -186,8 +202,6 @@ def fault_rules(rules: list[Any]) -> Any:
 
 
 def _vllm(spec: EngineSpec, clock: Any) -> Engine:
-    from workers.engine.vllm_backend import VLLMEngine, VLLMSettings
-
     s = spec.backend_settings
     lora = s.get("lora") or {}
     model = s.get("model") or spec.model_id
@@ -206,8 +220,6 @@ def _vllm(spec: EngineSpec, clock: Any) -> Engine:
 
 
 def _upstream(spec: EngineSpec, clock: Any) -> Engine:
-    from workers.engine.upstream import UpstreamEngine, UpstreamSettings
-
     s = dict(spec.backend_settings)
     if not s.get("base_url"):
         raise EngineConfigError(f"pool {spec.name!r}: openai_upstream needs base_url")

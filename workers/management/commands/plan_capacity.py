@@ -18,6 +18,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tenants.capacity import PlanError, PlanInput, input_for_pool, plan, render_text
+from tenants.models import Pool
 
 # flag dest -> PlanInput field
 _FLAGS = {
@@ -58,7 +59,6 @@ class Command(BaseCommand):
     @staticmethod
     def _inputs(pool_name: str | None, given: dict[str, Any]) -> PlanInput:
         if pool_name:
-            from tenants.models import Pool
 
             pool = Pool.objects.select_related("model").filter(name=pool_name).first()
             if pool is None:

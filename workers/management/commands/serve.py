@@ -20,7 +20,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from infra.redis_conn import get_redis, key, redis_url
 from tenants.demo import try_it
+from tenants.models import Pool
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -39,9 +41,6 @@ class Command(BaseCommand):
                  "one Redis reader (about one per core left over by Redis and the engines).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from infra.redis_conn import redis_url
-        from tenants.models import Pool
-
         env = {**os.environ, "REDIS_URL": redis_url(), "PYTHONUNBUFFERED": "1"}
         pools = list(Pool.objects.filter(enabled=True).values_list("name", flat=True))
         children = self._start(env, pools, options)
@@ -119,8 +118,6 @@ class Command(BaseCommand):
         raise CommandError(f"the pool workers did not register in Redis in {timeout:g}s")
 
     def _workers_registered(self, children: list[tuple[str, subprocess.Popen[bytes]]]) -> bool:
-        from infra.redis_conn import get_redis, key
-
         r = get_redis()
         for name, _proc in children:
             if name.startswith("worker[") and not r.zcard(key("workers", name[7:-1])):
