@@ -41,7 +41,7 @@ import django
 
 django.setup()
 
-from serving import admission as accounting  # noqa: E402
+from serving import admission, settlement  # noqa: E402
 from serving.admission import AdmissionLimits, Rejected, ScopeLimits  # noqa: E402
 from serving.wfq import DispatchedItem, Prices, Wfq  # noqa: E402
 from workers.engine.base import EngineRequest, SamplingParams  # noqa: E402
@@ -106,7 +106,7 @@ async def scenario(clock: VirtualClock, policy: str, budget: bool, seqs: int) ->
     def admit(rid: str, tenant: str, cost: int, now: float) -> bool:
         if not budget:
             return True
-        verdict = accounting.admit(  # tenant ids are per run: no bucket carries over
+        verdict = admission.admit(  # tenant ids are per run: no bucket carries over
             request_id=rid, tenant_id=f"{pool}.{tenant}", key_id=None, pool=pool, model="sim",
             prompt_tokens=n_prompt, max_output_tokens=cost, stream=False,
             limits=budget_limits(), now=now,
@@ -147,7 +147,7 @@ async def scenario(clock: VirtualClock, policy: str, budget: bool, seqs: int) ->
         wfq.complete(pool, item.tenant_id, estimated_cost=item.cost, actual_cost=item.cost,
                      weight=item.weight, request_id=item.request_id, worker_id="bench")
         if budget:
-            accounting.settle(item.request_id, status="ok", finish_reason="length",
+            settlement.settle(item.request_id, status="ok", finish_reason="length",
                               output_tokens=out.cost, now=clock.now(), wfq_correction=False)
         in_service -= 1  # before waking the dispatcher, so it sees the pool drained
         running[item.tenant_id] -= 1

@@ -19,7 +19,9 @@ import redis
 
 from infra.redis_conn import key, redis_url
 from serving import admission as acc
+from serving import settlement
 from serving.admission import AdmissionLimits, Admitted, Reason, Rejected, ScopeLimits
+from serving.keys import deadlines_key, req_key, stream_key, usage_pending_key
 
 T0 = 1_000_000.0  # virtual time: no refill happens unless a test moves it
 
@@ -71,10 +73,10 @@ def test_admit_charges_every_bucket_and_counter(redis_client):
     for name in ("conc", "streams"):
         assert counter(redis_client, name, "tenant", 1) == 1
         assert counter(redis_client, name, "key", 11) == 1
-    state = redis_client.hgetall(acc.req_key("r1"))
+    state = redis_client.hgetall(req_key("r1"))
     assert state[b"state"] == b"queued" and state[b"p"] == b"100" and state[b"o"] == b"50"
     assert state[b"tenant"] == b"1" and state[b"key"] == b"11" and state[b"pool"] == b"p"
-    assert redis_client.zscore(acc.deadlines_key(), "r1") == pytest.approx(
+    assert redis_client.zscore(deadlines_key(), "r1") == pytest.approx(
         T0 + 60 + acc.DEADLINE_GRACE_S)
     # Headers: the key's concurrency (2) is tightest; the key's output bucket is emptiest.
     info = result.rate_limit
@@ -117,7 +119,7 @@ def test_concurrency_and_stream_limits(redis_client):
     refused = admit("n2", lim, stream=False)
     assert isinstance(refused, Rejected) and refused.reason == Reason.CONCURRENCY
     assert refused.retry_after >= 1 and refused.headers()["retry-after"] == "1"
-    assert acc.settle("s1", status="ok", output_tokens=1, now=T0)
+    assert settlement.settle("s1", status="ok", output_tokens=1, now=T0)
     assert isinstance(admit("s3", lim, stream=True), Admitted)
 
 
@@ -155,7 +157,7 @@ def test_buckets_refill_continuously_up_to_burst(redis_client):
 def test_settle_refunds_unused_output_and_corrects_input(redis_client):
     lim = limits()
     admit("r", lim, prompt=100, out=50)
-    assert acc.settle("r", status="ok", finish_reason="stop", prompt_tokens=120,
+    assert settlement.settle("r", status="ok", finish_reason="stop", prompt_tokens=120,
                       cached_tokens=64, output_tokens=20, now=T0, wfq_correction=False)
     # The engine's counts win: 20 more input tokens charged, 30 output tokens refunded.
     assert level(redis_client, "tenant", 1, "in") == 6000 - 120
@@ -163,8 +165,8 @@ def test_settle_refunds_unused_output_and_corrects_input(redis_client):
     for name in ("conc", "streams"):
         assert counter(redis_client, name, "tenant", 1) == 0
         assert counter(redis_client, name, "key", 11) == 0
-    assert redis_client.zcard(acc.deadlines_key()) == 0
-    [raw] = redis_client.lrange(acc.usage_pending_key(), 0, -1)
+    assert redis_client.zcard(deadlines_key()) == 0
+    [raw] = redis_client.lrange(usage_pending_key(), 0, -1)
     record = json.loads(raw)
     assert record["prompt_tokens"] == 120 and record["cached_tokens"] == 64
     assert record["completion_tokens"] == 20 and record["status"] == "ok"
@@ -175,15 +177,15 @@ def test_refund_is_capped_at_burst(redis_client):
     lim = limits(output_tpm=600)
     admit("r", lim, out=500)
     # 10 minutes later the bucket has refilled to its burst; the refund cannot push it over.
-    assert acc.settle("r", status="ok", output_tokens=0, now=T0 + 600, wfq_correction=False)
+    assert settlement.settle("r", status="ok", output_tokens=0, now=T0 + 600, wfq_correction=False)
     assert level(redis_client, "tenant", 1, "out") == 600
 
 
 def test_usage_record_carries_counts_never_content(redis_client):
     admit("r", limits())
-    acc.settle("r", status="ok", finish_reason="length", output_tokens=50, now=T0 + 2,
+    settlement.settle("r", status="ok", finish_reason="length", output_tokens=50, now=T0 + 2,
                event={"f": "length", "u": "{}"}, wfq_correction=False)
-    record = json.loads(redis_client.lpop(acc.usage_pending_key()))
+    record = json.loads(redis_client.lpop(usage_pending_key()))
     assert set(record) == {
         "request_id", "tenant_id", "key_id", "model", "pool", "prompt_tokens", "cached_tokens",
         "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms", "status", "finish_reason",
@@ -191,18 +193,18 @@ def test_usage_record_carries_counts_never_content(redis_client):
         "settled_at_ms",
     }
     assert record["total_ms"] == 2000
-    assert [e[1] for e in redis_client.xrange(acc.stream_key("r"))] == [{b"f": b"length",
+    assert [e[1] for e in redis_client.xrange(stream_key("r"))] == [{b"f": b"length",
                                                                           b"u": b"{}"}]
 
 
 def test_settle_twice_settles_once(redis_client):
     admit("r", limits())
-    assert acc.settle("r", status="ok", output_tokens=10, now=T0, wfq_correction=False)
+    assert settlement.settle("r", status="ok", output_tokens=10, now=T0, wfq_correction=False)
     before = snapshot(redis_client)
-    assert not acc.settle("r", status="error", output_tokens=0, now=T0, event={"e": "x"},
+    assert not settlement.settle("r", status="error", output_tokens=0, now=T0, event={"e": "x"},
                           wfq_correction=False)
     assert snapshot(redis_client) == before
-    assert not acc.settle("unknown", status="ok", now=T0)
+    assert not settlement.settle("unknown", status="ok", now=T0)
 
 
 def test_concurrent_settles_settle_once(redis_client):
@@ -214,13 +216,13 @@ def test_concurrent_settles_settle_once(redis_client):
     def settle_all(worker: int) -> int:
         client = redis.Redis.from_url(redis_url())
         barrier.wait()
-        return sum(acc.settle(f"r{i}", status="ok", output_tokens=worker % 5, client=client,
+        return sum(settlement.settle(f"r{i}", status="ok", output_tokens=worker % 5, client=client,
                               wfq_correction=False) for i in range(20))
 
     with ThreadPoolExecutor(8) as pool:
         wins = sum(pool.map(settle_all, range(8)))
     assert wins == 20
-    assert redis_client.llen(acc.usage_pending_key()) == 20
+    assert redis_client.llen(usage_pending_key()) == 20
     assert counter(redis_client, "conc", "tenant", 1) == 0
 
 
@@ -276,7 +278,7 @@ def test_counters_return_to_zero_after_a_random_mix(redis_client):
         if live and rng.random() < 0.45:
             rid = live.pop(rng.randrange(len(live)))
             for _ in range(rng.choice([1, 1, 2])):
-                acc.settle(rid, status="ok", prompt_tokens=rng.randint(1, 900),
+                settlement.settle(rid, status="ok", prompt_tokens=rng.randint(1, 900),
                            output_tokens=rng.randint(0, 600), now=now, wfq_correction=False)
             continue
         result = admit(f"m{i}", lim, prompt=rng.randint(1, 900), out=rng.randint(1, 600),
@@ -293,11 +295,11 @@ def test_counters_return_to_zero_after_a_random_mix(redis_client):
         for k in redis_client.keys(key("conc", "*")) + redis_client.keys(key("streams", "*")):
             assert int(redis_client.get(k)) >= 0
     for rid in live:
-        acc.settle(rid, status="cancelled", output_tokens=0, now=now, wfq_correction=False)
+        settlement.settle(rid, status="cancelled", output_tokens=0, now=now, wfq_correction=False)
     for k in redis_client.keys(key("conc", "*")) + redis_client.keys(key("streams", "*")):
         assert int(redis_client.get(k)) == 0, k
-    assert redis_client.llen(acc.usage_pending_key()) == admitted  # S2
-    assert redis_client.zcard(acc.deadlines_key()) == 0
+    assert redis_client.llen(usage_pending_key()) == admitted  # S2
+    assert redis_client.zcard(deadlines_key()) == 0
     assert admitted > 50
 
 
@@ -338,7 +340,7 @@ def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
         sub = await _submit("q", limits())
         assert isinstance(sub, Submission)
         assert [e.request_id for e in wfq.queued_requests("fp")] == ["q"]
-        assert redis_client.hget(acc.req_key("q"), "prompt_ids")  # payload in transit
+        assert redis_client.hget(req_key("q"), "prompt_ids")  # payload in transit
         await sub.cancel("client_disconnect")
         await sub.cancel("client_disconnect")  # idempotent
         return [e async for e in sub.events()]
@@ -347,10 +349,10 @@ def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
     assert len(events) == 1 and isinstance(events[0], FinishEvent)
     assert events[0].finish_reason == "abort"
     assert wfq.queued_requests("fp") == []
-    [record] = map(json.loads, redis_client.lrange(acc.usage_pending_key(), 0, -1))
+    [record] = map(json.loads, redis_client.lrange(usage_pending_key(), 0, -1))
     assert record["status"] == "cancelled" and record["prompt_tokens"] == 0
     assert record["error_code"] == "client_disconnect"
-    assert not redis_client.hexists(acc.req_key("q"), "prompt_ids")
+    assert not redis_client.hexists(req_key("q"), "prompt_ids")
     assert level(redis_client, "tenant", 1, "out") == 600  # the whole charge came back
     assert counter(redis_client, "conc", "tenant", 1) == 0
 
@@ -372,7 +374,7 @@ def test_ttft_deadline_yields_an_error_and_cancels(redis_client):
     events, took = arun(main())
     assert [type(e) for e in events] == [ErrorEvent] and 0.25 < took < 2
     assert events[0].code == "ttft_deadline_exceeded" and events[0].retryable
-    assert redis_client.hget(acc.req_key("slow"), "state") == b"settled"
+    assert redis_client.hget(req_key("slow"), "state") == b"settled"
 
 
 def test_attach_finds_only_the_tenants_own_request(redis_client):

@@ -12,8 +12,9 @@ import redis
 
 from infra.redis_conn import key, redis_url
 from serving import admission as acc
-from serving import janitor, transport, wfq
+from serving import janitor, transport, wfq, wire
 from serving.admission import AdmissionLimits, ScopeLimits
+from serving.keys import deadlines_key, inflight_key, req_key, stream_key, usage_pending_key
 from serving.lua import script
 
 LIMITS = AdmissionLimits(tenant=ScopeLimits(input_tpm=100_000, output_tpm=100_000,
@@ -43,12 +44,12 @@ def admit_and_dispatch(r: redis.Redis, rid: str, worker: str, *, tenant: int = 1
 
 def claim_and_deliver(r: redis.Redis, rid: str, worker: str, tokens: int) -> None:
     """What a worker does before dying: claim, then stream ``tokens`` tokens."""
-    reply = script("claim").run(r, [acc.req_key(rid)], [worker, acc.inflight_key(worker), "",
-                                                         *acc.PAYLOAD_FIELDS])
+    reply = script("claim").run(r, [req_key(rid)], [worker, inflight_key(worker), "",
+                                                         *wire.PAYLOAD_FIELDS])
     assert reply[0] == 1
     for _ in range(tokens):
-        r.xadd(acc.stream_key(rid), {"t": "x", "n": 1})
-        r.hincrby(acc.req_key(rid), "delivered", 1)
+        r.xadd(stream_key(rid), {"t": "x", "n": 1})
+        r.hincrby(req_key(rid), "delivered", 1)
 
 
 def register(r: redis.Redis, worker: str, *, age: float) -> None:
@@ -57,11 +58,11 @@ def register(r: redis.Redis, worker: str, *, age: float) -> None:
 
 
 def last_entry(r: redis.Redis, rid: str) -> dict[bytes, bytes]:
-    return r.xrevrange(acc.stream_key(rid), count=1)[0][1]
+    return r.xrevrange(stream_key(rid), count=1)[0][1]
 
 
 def records(r: redis.Redis) -> dict[str, dict]:
-    return {x["request_id"]: x for x in map(json.loads, r.lrange(acc.usage_pending_key(), 0, -1))}
+    return {x["request_id"]: x for x in map(json.loads, r.lrange(usage_pending_key(), 0, -1))}
 
 
 def test_dead_worker_requests_get_retryable_error_and_are_billed_for_delivered(redis_client):
@@ -81,21 +82,21 @@ def test_dead_worker_requests_get_retryable_error_and_are_billed_for_delivered(r
     assert got["running"]["completion_tokens"] == 7 and got["running"]["status"] == "error"
     assert got["unclaimed"]["completion_tokens"] == 0
     assert r.zscore(key("workers", "jp"), "dead") is None
-    assert r.scard(acc.inflight_key("dead")) == 0
+    assert r.scard(inflight_key("dead")) == 0
     for pattern in ("conc:*", "streams:*"):
         assert all(int(r.get(k)) == 0 for k in r.keys(key(pattern)))
     # Sweeping again changes nothing.
     assert janitor.sweep().as_dict() == {"dead_workers": [], "lost_requests": [],
                                          "orphaned_requests": [], "expired_requests": []}
-    assert r.llen(acc.usage_pending_key()) == 2
+    assert r.llen(usage_pending_key()) == 2
 
 
 def test_a_live_worker_is_left_alone(redis_client):
     admit_and_dispatch(redis_client, "fine", "alive")
     register(redis_client, "alive", age=0.1)
     assert janitor.sweep().dead_workers == []
-    assert redis_client.hget(acc.req_key("fine"), "state") == b"queued"
-    assert redis_client.sismember(acc.inflight_key("alive"), "fine")
+    assert redis_client.hget(req_key("fine"), "state") == b"queued"
+    assert redis_client.sismember(inflight_key("alive"), "fine")
 
 
 def test_a_heartbeat_that_lands_before_the_reap_wins(redis_client):
@@ -106,7 +107,7 @@ def test_a_heartbeat_that_lands_before_the_reap_wins(redis_client):
             key("worker", "slow", "load")]
     assert script("heartbeat").run(r, keys, ["slow", "jp", 10]) == 1
     assert janitor.reap_worker(r, "jp", "slow", janitor.SweepReport()) is False
-    assert r.hget(acc.req_key("saved"), "state") == b"queued"
+    assert r.hget(req_key("saved"), "state") == b"queued"
 
 
 def test_a_reaped_worker_never_beats_again_under_its_id(redis_client):
@@ -136,9 +137,9 @@ def test_many_janitors_at_once_settle_each_request_once(redis_client):
     with ThreadPoolExecutor(6) as pool:
         lost = [rid for batch in pool.map(sweep, range(6)) for rid in batch]
     assert sorted(lost) == sorted(rids)  # every request settled by exactly one janitor
-    assert r.llen(acc.usage_pending_key()) == 30
+    assert r.llen(usage_pending_key()) == 30
     for i, rid in enumerate(rids):
-        errors = [e for _, e in r.xrange(acc.stream_key(rid)) if b"e" in e]
+        errors = [e for _, e in r.xrange(stream_key(rid)) if b"e" in e]
         assert len(errors) == 1
         assert records(r)[rid]["completion_tokens"] == i % 4
 
@@ -150,7 +151,7 @@ def test_overdue_queued_request_is_expired_and_leaves_its_queue(redis_client):
                                 limits=LIMITS), acc.Admitted)
     wfq.enqueue("jp", "1", "late", weight=1.0, prompt_tokens=10, max_output_tokens=50,
                 kv_tokens=60)
-    deadline = r.zscore(acc.deadlines_key(), "late")
+    deadline = r.zscore(deadlines_key(), "late")
     assert janitor.settle_overdue(r, now=deadline - 1).expired_requests == []
     assert janitor.settle_overdue(r, now=deadline + 1).expired_requests == ["late"]
     assert wfq.queued_requests("jp") == []
@@ -158,7 +159,7 @@ def test_overdue_queued_request_is_expired_and_leaves_its_queue(redis_client):
     assert entry[b"e"] == b"deadline_exceeded" and entry[b"r"] == b"0"
     record = records(r)["late"]
     assert record["status"] == "expired" and record["prompt_tokens"] == 0
-    assert r.zcard(acc.deadlines_key()) == 0
+    assert r.zcard(deadlines_key()) == 0
 
 
 def test_overdue_running_request_is_settled_and_its_worker_told_to_abort(redis_client):
@@ -169,12 +170,12 @@ def test_overdue_running_request_is_settled_and_its_worker_told_to_abort(redis_c
     pubsub = r.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(transport.cancel_channel("jp"))
     pubsub.get_message(timeout=1)
-    deadline = r.zscore(acc.deadlines_key(), "stuck")
+    deadline = r.zscore(deadlines_key(), "stuck")
     assert janitor.settle_overdue(r, now=deadline + 1).expired_requests == ["stuck"]
     assert records(r)["stuck"]["completion_tokens"] == 3
     message = pubsub.get_message(timeout=2)
     assert message and message["data"] == b"stuck\tdeadline_exceeded"
-    assert not r.sismember(acc.inflight_key("w"), "stuck")
+    assert not r.sismember(inflight_key("w"), "stuck")
     pubsub.close()
 
 

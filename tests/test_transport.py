@@ -9,7 +9,8 @@ import pytest
 
 from infra.redis_conn import get_async_redis, key
 from serving import admission as acc
-from serving import transport
+from serving import settlement, transport
+from serving.keys import req_key, stream_key
 from serving.transport import StepBatch
 from tests.procs import arun
 
@@ -27,7 +28,7 @@ async def _write_steps(rids: list[str], steps: int, *, pause: float = 0.0) -> No
     batch = StepBatch()
     for rid in rids:
         event = transport.finish_event("stop", {"completion_tokens": steps})
-        keys, args = acc.settle_call(rid, status="ok", output_tokens=steps, event=event)
+        keys, args = settlement.settle_call(rid, status="ok", output_tokens=steps, event=event)
         batch.settle(rid, keys, args)
     await batch.flush(r, stream_ttl=120)
 
@@ -47,22 +48,22 @@ def test_step_batch_writes_one_entry_per_request_and_counts_delivery(redis_clien
         batch.add("a", "Hel", 1, first=True)
         batch.add("b", "Hi", 1, first=True)
         batch.add("a", "lo", 1)  # two deltas of one request in one step: one entry
-        keys, args = acc.settle_call("b", status="ok", output_tokens=1,
+        keys, args = settlement.settle_call("b", status="ok", output_tokens=1,
                                      event=transport.finish_event("stop", {"completion_tokens": 1}))
         batch.settle("b", keys, args)
         return await batch.flush(get_async_redis(), stream_ttl=120)
 
     [settled] = arun(main())
-    assert acc.parse_settle("b", settled) is not None
-    entries = redis_client.xrange(acc.stream_key("a"))
+    assert settlement.parse_settle("b", settled) is not None
+    entries = redis_client.xrange(stream_key("a"))
     assert [e[1] for e in entries] == [{b"t": b"Hello", b"n": b"2"}]
-    assert redis_client.hget(acc.req_key("a"), "delivered") == b"2"
-    assert redis_client.hget(acc.req_key("a"), "first_token_at") is not None
-    assert 0 < redis_client.ttl(acc.stream_key("a")) <= 120
+    assert redis_client.hget(req_key("a"), "delivered") == b"2"
+    assert redis_client.hget(req_key("a"), "first_token_at") is not None
+    assert 0 < redis_client.ttl(stream_key("a")) <= 120
     # b: its tokens, then the final entry settle wrote in the same pipeline, after them.
-    b = [e[1] for e in redis_client.xrange(acc.stream_key("b"))]
+    b = [e[1] for e in redis_client.xrange(stream_key("b"))]
     assert b[0] == {b"t": b"Hi", b"n": b"1"} and b[1][b"f"] == b"stop"
-    assert 0 < redis_client.ttl(acc.stream_key("b")) <= acc.STREAM_TTL_AFTER_END
+    assert 0 < redis_client.ttl(stream_key("b")) <= settlement.STREAM_TTL_AFTER_END
 
 
 def test_one_reader_relays_many_requests_in_order(redis_client):
@@ -100,7 +101,7 @@ def test_one_reader_relays_many_requests_in_order(redis_client):
 def test_resume_after_last_event_id_and_after_the_end(redis_client):
     _admit("r")
     arun(_write_steps(["r"], 5))
-    ids = [e[0].decode() for e in redis_client.xrange(acc.stream_key("r"))]
+    ids = [e[0].decode() for e in redis_client.xrange(stream_key("r"))]
 
     async def read(last: str) -> list[str]:
         return [e.id async for e in transport.subscribe("r", last)]

@@ -364,7 +364,7 @@ def test_the_registry_rejects_bad_upstream_settings(backend_settings: dict[str, 
 
 
 def test_the_registry_builds_an_upstream_from_a_pool_like_object() -> None:
-    class PoolSpecLike:  # workers.host.PoolSpec's fields
+    class PoolSpecLike:  # any object with EngineSpec's fields
         name, backend = "p", "openai_upstream"
         backend_settings = {"base_url": "http://x/v1", "dialect": "vllm"}
         max_sequences, kv_cache_tokens, max_model_len, tokenizer_path = 9, 1000, 4096, ""

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from infra.redis_conn import get_redis, key
-from serving import admission as acc
 from serving import wfq
 from serving.admission import AdmissionLimits, ScopeLimits
+from serving.keys import deadlines_key, inflight_key, req_key, usage_pending_key
 from serving.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
 from tests.factories import make_model, make_pool
 from tests.procs import (
@@ -98,14 +98,14 @@ async def run_request(sub, *, stop_after: int | None = None):
 async def until_running(rid: str, timeout: float = 10.0) -> None:
     """Wait until a worker has claimed the request (so later ones queue behind it)."""
     deadline = time.monotonic() + timeout
-    while get_redis().hget(acc.req_key(rid), "state") != b"running":
+    while get_redis().hget(req_key(rid), "state") != b"running":
         assert time.monotonic() < deadline, f"{rid} never started"
         await asyncio.sleep(0.01)
 
 
 def usage_records() -> dict[str, dict]:
     return {r["request_id"]: r for r in map(json.loads,
-                                            get_redis().lrange(acc.usage_pending_key(), 0, -1))}
+                                            get_redis().lrange(usage_pending_key(), 0, -1))}
 
 
 def wait_for_record(rid: str, timeout: float = 10.0) -> dict:
@@ -116,7 +116,7 @@ def assert_all_released(r) -> None:
     for pattern in ("conc:*", "streams:*"):
         for k in r.keys(key(pattern)):
             assert int(r.get(k)) == 0, k
-    assert r.zcard(acc.deadlines_key()) == 0
+    assert r.zcard(deadlines_key()) == 0
 
 
 def test_three_tenants_complete_and_settle(workers, redis_client):
@@ -154,10 +154,10 @@ def test_three_tenants_complete_and_settle(workers, redis_client):
             record["completion_tokens"]
     assert by_tenant == totals
     assert_all_released(redis_client)
-    assert redis_client.scard(acc.inflight_key("it-main-w1")) == 0
+    assert redis_client.scard(inflight_key("it-main-w1")) == 0
     # The transit payload (prompt ids) is gone once a worker took the request.
     for _t, rid, *_ in results:
-        assert not redis_client.hexists(acc.req_key(rid), "prompt_ids")
+        assert not redis_client.hexists(req_key(rid), "prompt_ids")
 
 
 def test_wfq_order_holds_at_the_worker(workers, redis_client):
@@ -270,7 +270,7 @@ def test_killed_worker_ends_requests_with_retryable_error_and_another_serves_the
             doomed = asyncio.create_task(run_request(await job(0)))
             await until_running("kill-0")
             queued = [asyncio.create_task(run_request(await job(i))) for i in (1, 2)]
-            while int(redis_client.hget(acc.req_key("kill-0"), "delivered") or 0) < 5:
+            while int(redis_client.hget(req_key("kill-0"), "delivered") or 0) < 5:
                 await asyncio.sleep(0.02)
             first.kill()  # SIGKILL: no drain, no cleanup, heartbeats just stop
             killed_at = time.monotonic()
@@ -291,7 +291,7 @@ def test_killed_worker_ends_requests_with_retryable_error_and_another_serves_the
         assert {records[f"kill-{i}"]["status"] for i in (1, 2)} == {"ok"}
         assert_all_released(redis_client)
         assert redis_client.zscore(key("workers", "it-kill"), "it-kill-w1") is None
-        assert redis_client.scard(acc.inflight_key("it-kill-w1")) == 0
+        assert redis_client.scard(inflight_key("it-kill-w1")) == 0
     finally:
         first.stop()
         if second is not None:
