@@ -8,6 +8,11 @@ nothing (the usage writer and the content-log drain both use it).
   holder left a batch there, that batch comes back first: the write is idempotent on the
   database side (unique keys), so re-writing it is safe and dropping it never happens.
 - ``release`` deletes the processing list after the batch is committed.
+- ``extend`` renews the lease only for the token that holds it, so a holder whose lease lapsed
+  cannot lengthen the next holder's lease (and keep working as if it were still its own).
+
+Every script runs by EVALSHA (redis-py ``Script``): the body crosses the network once per
+connection's server, not on every call.
 """
 
 from __future__ import annotations
@@ -39,6 +44,38 @@ _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# KEYS: lease   ARGV: token, ms. Renews the lease only if still ours.
+_EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+def _run(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
+    # register_script makes a redis-py Script (its SHA1 computed here); calling it sends
+    # EVALSHA, and loads the body once if the server has not seen it.
+    return client.register_script(source)(keys=keys, args=args)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lock with a random token that expires on its own; only the token's holder may renew
+    or give it back."""
+
+    key: str
+    ms: int = 60_000
+
+    def acquire(self, client: Any) -> str | None:
+        """A token, or None while another holder has the lease."""
+        token = uuid.uuid4().hex
+        return token if client.set(self.key, token, nx=True, px=self.ms) else None
+
+    def extend(self, client: Any, token: str) -> bool:
+        """Renew for another ``ms``; False (and nothing changed) if the lease is not ours."""
+        return bool(_run(client, _EXTEND, [self.key], [token, self.ms]))
+
+    def unlock(self, client: Any, token: str) -> None:
+        _run(client, _UNLOCK, [self.key], [token])
 
 
 @dataclass(frozen=True)
@@ -48,21 +85,26 @@ class LeasedQueue:
     lease: str
     lease_ms: int = 60_000
 
+    @property
+    def _lease(self) -> Lease:
+        return Lease(self.lease, self.lease_ms)
+
     def acquire(self, client: Any) -> str | None:
         """A lease token, or None while another holder has the lease."""
-        token = uuid.uuid4().hex
-        return token if client.set(self.lease, token, nx=True, px=self.lease_ms) else None
+        return self._lease.acquire(client)
 
     def claim(self, client: Any, token: str, n: int) -> list[bytes]:
         """The leftover batch if there is one, else up to n new items; [] without the lease."""
-        return client.eval(_CLAIM, 3, self.pending, self.processing, self.lease, token, n) or []
+        keys = [self.pending, self.processing, self.lease]
+        return _run(client, _CLAIM, keys, [token, n]) or []
 
     def release(self, client: Any, token: str) -> bool:
         """Forget the committed batch; False if the lease was lost (the next holder re-writes)."""
-        return bool(client.eval(_RELEASE, 2, self.processing, self.lease, token))
+        return bool(_run(client, _RELEASE, [self.processing, self.lease], [token]))
 
-    def extend(self, client: Any) -> None:
-        client.pexpire(self.lease, self.lease_ms)
+    def extend(self, client: Any, token: str) -> bool:
+        """Renew the lease if ``token`` still holds it; False if it was lost meanwhile."""
+        return self._lease.extend(client, token)
 
     def unlock(self, client: Any, token: str) -> None:
-        client.eval(_UNLOCK, 1, self.lease, token)
+        self._lease.unlock(client, token)

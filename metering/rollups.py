@@ -9,13 +9,13 @@ One rollup runs at a time (a Redis lease), so two recomputations never interleav
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 
+from infra.leased_queue import Lease
 from infra.redis_conn import get_redis, key
 from metering.keys import dirty_hours_key
 from metering.models import UsageRecord, UsageRollup
@@ -23,10 +23,6 @@ from metering.models import UsageRecord, UsageRollup
 LEASE_MS = 120_000
 _CLEAR = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
-return 0
-"""
-_UNLOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
@@ -68,9 +64,9 @@ def rollup_hour(hour: datetime) -> int:
 
 def rollup_dirty(limit: int = 48) -> list[datetime] | None:
     """Recompute the hours the writer marked. None if another rollup holds the lease."""
-    client = get_redis()
-    lease, token = key("usage", "rollup_lease"), uuid.uuid4().hex
-    if not client.set(lease, token, nx=True, px=LEASE_MS):
+    client, lease = get_redis(), Lease(key("usage", "rollup_lease"), LEASE_MS)
+    token = lease.acquire(client)
+    if token is None:
         return None
     done: list[datetime] = []
     try:
@@ -78,8 +74,8 @@ def rollup_dirty(limit: int = 48) -> list[datetime] | None:
         for raw, version in sorted(marks.items())[:limit]:
             hour = datetime.fromisoformat(raw.decode())
             rollup_hour(hour)
-            client.eval(_CLEAR, 1, dirty_hours_key(), raw, version)
+            client.register_script(_CLEAR)(keys=[dirty_hours_key()], args=[raw, version])
             done.append(hour)
     finally:
-        client.eval(_UNLOCK, 1, lease, token)
+        lease.unlock(client, token)
     return sorted(done)

@@ -62,7 +62,9 @@ def flush(batch_size: int = BATCH_SIZE, max_batches: int = 100) -> FlushResult |
             batch = queue.claim(client, token, batch_size)
             if not batch or not _write_batch(client, queue, token, batch, result):
                 break
-            queue.extend(client)
+            if not queue.extend(client, token):
+                log.warning("usage writer lost its lease; stopping, the next writer goes on")
+                break
     finally:
         queue.unlock(client, token)
     return result

@@ -96,8 +96,9 @@ def enqueue_content(request_id: str, tenant_id: int, prompt: Any, response: Any,
         if not opted_in:
             return False
         item = _item(request_id, tenant_id, prompt, response)
-        return bool(get_redis().eval(_PUSH, 2, pending_key(), stats_key(), item,
-                                     settings.CONTENT_LOG_MAX_PENDING))
+        push = get_redis().register_script(_PUSH)  # runs by EVALSHA
+        return bool(push(keys=[pending_key(), stats_key()],
+                         args=[item, settings.CONTENT_LOG_MAX_PENDING]))
     except Exception as exc:  # content logging must never break inference
         _count_failure("enqueue_failures", exc)
         return False
@@ -110,9 +111,9 @@ async def aenqueue_content(request_id: str, tenant_id: int, prompt: Any, respons
         return False
     try:
         item = _item(request_id, tenant_id, prompt, response)
-        client = get_async_redis()
-        return bool(await client.eval(_PUSH, 2, pending_key(), stats_key(), item,
-                                      settings.CONTENT_LOG_MAX_PENDING))
+        push = get_async_redis().register_script(_PUSH)  # runs by EVALSHA
+        return bool(await push(keys=[pending_key(), stats_key()],
+                               args=[item, settings.CONTENT_LOG_MAX_PENDING]))
     except Exception as exc:
         _count_failure("enqueue_failures", exc)
         return False

@@ -52,17 +52,22 @@ class Replay:
     body: bytes
 
 
+def _script(source: str) -> Any:
+    """The script on this loop's client, run by EVALSHA (redis-py AsyncScript)."""
+    return get_async_redis().register_script(source)
+
+
 @dataclass
 class Claim:
     redis_key: str
     owner: str
 
     async def store(self, status: int, body: bytes) -> None:
-        await get_async_redis().eval(_FINISH, 1, self.redis_key, self.owner, str(status), body,
-                                     RETENTION_S)
+        await _script(_FINISH)(keys=[self.redis_key],
+                               args=[self.owner, str(status), body, RETENTION_S])
 
     async def abandon(self) -> None:
-        await get_async_redis().eval(_FINISH, 1, self.redis_key, self.owner, "", b"", 0)
+        await _script(_FINISH)(keys=[self.redis_key], args=[self.owner, "", b"", 0])
 
 
 def body_hash(data: dict[str, Any]) -> str:
@@ -86,9 +91,8 @@ async def begin(
     """Claim the key for this request, or return what to answer instead (or raise 409/422)."""
     redis_key = key("idem", tenant_id, hashlib.sha256(idem_key.encode()).hexdigest())
     owner = uuid.uuid4().hex
-    reply = await get_async_redis().eval(
-        _BEGIN, 1, redis_key, digest, owner, int(inflight_ttl_s * 1000)
-    )
+    reply = await _script(_BEGIN)(keys=[redis_key],
+                                  args=[digest, owner, int(inflight_ttl_s * 1000)])
     state = reply[0].decode()
     if state == "new":
         return Claim(redis_key, owner)
