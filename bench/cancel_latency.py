@@ -5,7 +5,7 @@ then close the connection. The gateway sees ``http.disconnect`` (even while it w
 next token), cancels; the worker aborts the sequence in the engine and settles it with the
 engine's own counts. The settlement time in the usage record (Redis TIME, written in the
 worker's step right after the abort) minus the moment the client closed is the latency.
-Target (issue 4): p99 under 100 ms.
+Target: p99 under 100 ms.
 
     python bench/cancel_latency.py [--requests 200] [--concurrency 20] [--plot out.png]
 """

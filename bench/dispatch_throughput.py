@@ -4,7 +4,7 @@ One client process (one core) fills a pool with TENANTS x PER_TENANT requests, t
 through the real Lua scripts, one dispatch per round trip and in batches (dispatch_many), under
 both policies. Redis runs as its own process; the time it spends inside each script call is read
 from INFO commandstats (server-wide EVALSHA average), so the table also says how far one Redis
-core is from saturating. Target (issue 3): >= 5,000 decisions/s with 200 tenants.
+core is from saturating. Target: >= 5,000 decisions/s with 200 tenants.
 
     REDIS_URL=redis://127.0.0.1:6379/4 .venv/bin/python bench/dispatch_throughput.py \
         [--plot out.png]

@@ -9,7 +9,7 @@ sends streaming requests (max_tokens=1) at fixed rates. For each request:
 
 so the overhead is everything the gateway path adds: authentication, tokenizing, admission
 (Lua), the WFQ enqueue and dispatch, the worker's claim, the Redis stream relay and SSE.
-Target (issue 4): p50 under 5 ms and p99 under 25 ms at 200 requests/s on this machine.
+Target: p50 under 5 ms and p99 under 25 ms at 200 requests/s on this machine.
 
     python bench/gateway_overhead.py [--rates 50,100,200] [--seconds 10] [--plot out.png]
 """

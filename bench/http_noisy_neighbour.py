@@ -10,7 +10,7 @@ worker. With a budget, every tenant's output bucket is 1,000 tokens/s with a bur
 
 Reported per tenant group: time to first token p50 / p95 / max, 429s, overload 503s (shedding,
 ``gateway.inference.overload``; ``SHED_QUEUE_FACTOR=0`` turns it off) and tokens served.
-Target (issue 4): small tenants' TTFT p95 under 2 s with WFQ and budgets during the flood.
+Target: small tenants' TTFT p95 under 2 s with WFQ and budgets during the flood.
 ``--scale 0.5`` runs the same rates for half as long (30 s, flood from 2.5 s to 12.5 s).
 
 The dispatcher's policy is the production one (WFQ); the FIFO rows need a policy setting in the

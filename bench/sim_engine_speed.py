@@ -3,7 +3,7 @@
 Runs N requests through ``SimulatedEngine`` on the virtual clock, through the real
 ``generate()`` interface (one consumer task per request, one delta per step per sequence), for a
 few batch sizes, and prints a table. Single-threaded, so tokens per CPU-second is the figure
-per core. Target (issue 3): at least 100,000 simulated tokens per second per core.
+per core. Target: at least 100,000 simulated tokens per second per core.
 
     .venv/bin/python bench/sim_engine_speed.py [--requests 2000] [--repeat 3] [--plot out.png]
 """

@@ -229,7 +229,7 @@ LOGGING = {
     },
 }
 
-# --- Data protection and enterprise sign-in (issue 8; docs/adr/0004) --------------------------
+# --- Data protection and enterprise sign-in (docs/adr/0004) ------------------------------------
 # Content log master keys, newest first: "kid2:<base64 32 bytes>,kid1:<...>" (or
 # CONTENT_LOG_MASTER_KEYS_FILE). Empty: a development key generated under VAR_DIR, with a warning.
 CONTENT_LOG_MASTER_KEYS = env_str("CONTENT_LOG_MASTER_KEYS", "")

@@ -21,11 +21,12 @@ reconnects with ``Last-Event-ID`` can resume from any entry id until then.
 Reader (gateway): ONE task per process (per event loop) runs a multiplexed
 ``XREAD BLOCK ... STREAMS k1 k2 ...`` over every open request of the process and feeds
 per-request asyncio queues. A new subscription interrupts the blocked read with
-``CLIENT UNBLOCK`` so its stream joins the next read at once (MEASUREMENTS.md: one reader per
-process, not one blocking connection per stream, is what relays tens of thousands of tokens/s).
+``CLIENT UNBLOCK`` so its stream joins the next read at once. One reader per process, not one
+blocking connection per stream, is what relays tens of thousands of tokens/s
+(``bench/sse_throughput.py``; the per-step writer's design: docs/adr/0007).
 
 Cancel: the gateway publishes the request id on ``cancel:{pool}``; every worker of the pool is
-subscribed and the one running it calls ``engine.abort`` (see ``serving.submission.cancel``).
+subscribed and the one running it calls ``engine.abort`` (see ``serving.submission.cancel_request``).
 """
 
 from __future__ import annotations

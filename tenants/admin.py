@@ -304,5 +304,5 @@ class MembershipAdmin(admin.ModelAdmin):
     autocomplete_fields = ["user", "tenant"]
 
 
-# Identity providers and client-certificate bindings (issue 8) have their own admin module.
+# Identity providers and client-certificate bindings have their own admin module.
 from tenants import admin_signin  # noqa: E402, F401
