@@ -33,7 +33,7 @@ from serving.admission import mark_cancel
 from serving.keys import deadlines_key, inflight_key
 from serving.lua import script
 from serving.settlement import Status, settle
-from serving.wire import FinishReason, usage_of
+from serving.wire import FinishReason, text, usage_of
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ def reap_dead_workers(r: redis.Redis, report: SweepReport | None = None) -> Swee
     report = report or SweepReport()
     cutoff = _redis_now(r) - settings.WORKER_DEAD_AFTER_SECONDS
     for raw_pool in r.smembers(key("pools")):
-        pool = raw_pool.decode()
+        pool = text(raw_pool)
         for raw_wid in r.zrangebyscore(key("workers", pool), "-inf", cutoff):
-            wid = raw_wid.decode()
+            wid = text(raw_wid)
             if reap_worker(r, pool, wid, report):
                 report.dead_workers.append(wid)
     return report
@@ -93,7 +93,7 @@ def reap_worker(r: redis.Redis, pool: str, wid: str, report: SweepReport) -> boo
         return False  # it beat in time after all
     inflight = inflight_key(wid)
     for raw in r.smembers(inflight):
-        rid = raw.decode()
+        rid = text(raw)
         if fail_lost_request(r, rid, inflight):
             report.lost_requests.append(rid)
         r.srem(inflight, rid)  # settled now or before (or its state expired): not in flight
@@ -117,12 +117,12 @@ def reap_dead_gateways(r: redis.Redis, report: SweepReport | None = None) -> Swe
     report = report or SweepReport()
     cutoff = _redis_now(r) - settings.GATEWAY_DEAD_AFTER_SECONDS
     for raw_gid in r.zrangebyscore(liveness.gateways_key(), "-inf", cutoff):
-        gid = raw_gid.decode()
+        gid = text(raw_gid)
         if not r.zrem(liveness.gateways_key(), gid):
             continue  # another janitor claimed it
-        live = [g.decode() for g in r.zrange(liveness.gateways_key(), 0, -1)]
+        live = [text(g) for g in r.zrange(liveness.gateways_key(), 0, -1)]
         for raw in r.smembers(liveness.rids_key(gid)):
-            rid = raw.decode()
+            rid = text(raw)
             if any(r.sismember(liveness.rids_key(g), rid) for g in live):
                 continue  # resumed on a live gateway
             if cancel_orphan(r, rid):
@@ -152,7 +152,7 @@ def settle_overdue(r: redis.Redis, report: SweepReport | None = None, *,
     cutoff = _redis_now(r) if now is None else now
     for raw in r.zrangebyscore(deadlines_key(), "-inf", cutoff, start=0,
                                num=OVERDUE_BATCH):
-        rid = raw.decode()
+        rid = text(raw)
         if expire_request(r, rid, now=now):
             report.expired_requests.append(rid)
     return report

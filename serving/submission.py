@@ -30,7 +30,14 @@ from serving import admission, liveness, settlement, transport, wfq
 from serving.admission import AdmissionLimits, Admitted, RateLimitInfo, Reason, Rejected
 from serving.keys import req_key
 from serving.settlement import Status
-from serving.wire import FinishReason, SamplingParams, pack_prompt, pack_sampling, usage_of
+from serving.wire import (
+    FinishReason,
+    SamplingParams,
+    pack_prompt,
+    pack_sampling,
+    text,
+    usage_of,
+)
 from tenants.salts import cache_salt as salt_of
 
 log = logging.getLogger(__name__)
@@ -269,7 +276,7 @@ async def attach(request_id: str, tenant_id: int | str) -> Submission | None:
         return None
     values = await get_async_redis().hmget(
         req_key(request_id), "tenant", "pool", "ttft_s", "total_s", "admitted_at")
-    tenant, pool, ttft, total, admitted = (v.decode() if v else None for v in values)
+    tenant, pool, ttft, total, admitted = (text(v) if v else None for v in values)
     if tenant is None or tenant != str(tenant_id):
         return None  # another tenant's id reads as unknown (I1)
     t_redis = await get_async_redis().time()

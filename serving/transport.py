@@ -26,7 +26,7 @@ blocking connection per stream, is what relays tens of thousands of tokens/s
 (``bench/sse_throughput.py``; the per-step writer's design: docs/adr/0007).
 
 Cancel: the gateway publishes the request id on ``cancel:{pool}``; every worker of the pool is
-subscribed and the one running it calls ``engine.abort`` (see ``serving.submission.cancel_request``).
+subscribed and the one running it calls ``engine.abort`` (``serving.submission.cancel_request``).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class StepBatch:
             commands.append(self._relay_command(stream_ttl))
         settle = script("settle")
         pool = client.connection_pool
-        conn = await pool.get_connection()
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py
         try:
             for _rid, keys, args in self.settles:
                 # EVAL with the body, as in a pipeline: NOSCRIPT could not be retried in order.
@@ -380,6 +380,8 @@ class StreamReader:
             self._id_chunks.pop(sk, None)
 
     async def _unblock(self) -> None:
+        if self._conn_id is None:
+            return
         with contextlib.suppress(Exception):
             await get_async_redis().client_unblock(self._conn_id)
 
@@ -391,7 +393,7 @@ class StreamReader:
         pool = aioredis.ConnectionPool.from_url(redis_url(), decode_responses=True,
                                                 client_name=RELAY_CLIENT_NAME)
         conn = pool.connection_class(**pool.connection_kwargs)
-        await conn.connect()
+        await conn.connect()  # type: ignore[no-untyped-call]  # unannotated in redis-py
         await conn.send_command("CLIENT", "ID")
         self._conn_id = int(await conn.read_response())
         return conn

@@ -354,8 +354,7 @@ class Wfq(_Base):
 
     def remove(self, pool: str, tenant_id: str, request_id: str) -> bool:
         """Drop a still-queued request of this tenant; False if it is not queued."""
-        return self._run("remove", _remove_call(_keys(pool), tenant_id,
-                                                request_id)) == 1
+        return bool(self._run("remove", _remove_call(_keys(pool), tenant_id, request_id)) == 1)
 
     def complete(self, pool: str, tenant_id: str, *, estimated_cost: float, actual_cost: float,
                  weight: float, request_id: str | None = None,
@@ -433,7 +432,7 @@ class AsyncWfq(_Base):
 
     async def remove(self, pool: str, tenant_id: str, request_id: str) -> bool:
         call = _remove_call(_keys(pool), tenant_id, request_id)
-        return await self._run("remove", call) == 1
+        return bool(await self._run("remove", call) == 1)
 
     async def complete(self, pool: str, tenant_id: str, *, estimated_cost: float,
                        actual_cost: float, weight: float, request_id: str | None = None,

@@ -66,6 +66,6 @@ def usage_of(prompt: int, completion: int, cached: int = 0) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
-def text(value: bytes | str | int) -> str:
+def text(value: object) -> str:
     """A script reply element as text (redis-py hands back bytes)."""
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -25,6 +25,7 @@ from tenants.models import (
     LIMIT_FIELDS,
     QUOTA_FIELDS,
     ApiKey,
+    ApiKeyQuerySet,
     Membership,
     Pool,
     Quota,
@@ -135,9 +136,8 @@ class ApiKeyInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-    fields = ["name", "masked_key", "key_hash", "created_at", "last_used_at", "expires_at",
-              "revoked_at"]
-    readonly_fields = fields
+    fields = readonly_fields = ("name", "masked_key", "key_hash", "created_at", "last_used_at",
+                                "expires_at", "revoked_at")
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -192,6 +192,7 @@ class KeyStateFilter(admin.SimpleListFilter):
         return [("active", "Active"), ("expired", "Expired"), ("revoked", "Revoked")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
+        assert isinstance(queryset, ApiKeyQuerySet)  # ApiKey's manager makes these
         now = timezone.now()
         if self.value() == "active":
             return queryset.usable(now)
@@ -218,7 +219,7 @@ class ApiKeyForm(forms.ModelForm):
         return expires_at
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
         tenant = cleaned.get("tenant") or getattr(self.instance, "tenant", None)
         if tenant is not None:
             caps = {f: cleaned.get(f) for f in LIMIT_FIELDS}
@@ -290,7 +291,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         return response
 
     @admin.action(description="Revoke selected keys")
-    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+    def revoke_selected(self, request: HttpRequest, queryset: ApiKeyQuerySet) -> None:
         count = queryset.revoke()
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
 

@@ -238,7 +238,8 @@ async def _aload(hashes: list[tuple[int, str]], well_formed: bool,
     mine: asyncio.Future[tuple[Principal, str] | None] = loop.create_future()
     _loading[flight] = mine
     try:
-        found = await database_sync_to_async(_load)(hashes, well_formed)
+        found: tuple[Principal, str] | None = await database_sync_to_async(_load)(
+            hashes, well_formed)
     except BaseException as exc:
         _land(flight, mine)
         mine.set_exception(exc if isinstance(exc, Exception) else _LeaderGone())
@@ -320,9 +321,13 @@ def _epoch_key() -> str:
     return key("auth", "epoch")
 
 
+def _as_bytes(value: bytes | str | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
+
+
 def _read_epoch() -> bytes | None:
     try:
-        return get_redis().get(_epoch_key()) or b"-"
+        return _as_bytes(get_redis().get(_epoch_key())) or b"-"
     except redis.RedisError as exc:
         log.warning("auth epoch unreadable, trusting the %ss cache TTL only: %s",
                     settings.AUTH_CACHE_SECONDS, type(exc).__name__)
@@ -331,7 +336,7 @@ def _read_epoch() -> bytes | None:
 
 async def _aread_epoch() -> bytes | None:
     try:
-        return await get_async_redis().get(_epoch_key()) or b"-"
+        return _as_bytes(await get_async_redis().get(_epoch_key())) or b"-"
     except redis.RedisError as exc:
         log.warning("auth epoch unreadable, trusting the %ss cache TTL only: %s",
                     settings.AUTH_CACHE_SECONDS, type(exc).__name__)
@@ -591,7 +596,8 @@ async def aauthenticate_request(headers: Mapping[str, str], client_ip: str | Non
     token = bearer_token(authorization)
     if token and parse_key(token) is not None:
         return await aauthenticate(authorization)
-    return await database_sync_to_async(authenticate_request)(headers, client_ip)
+    principal: Principal = await database_sync_to_async(authenticate_request)(headers, client_ip)
+    return principal
 
 
 def headers_from_scope(scope: Mapping[str, Any]) -> tuple[dict[str, str], str | None]:

@@ -30,7 +30,7 @@ from django.db import transaction
 from tenants.models import ApiKey
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import User
 
     from tenants.models import ServedModel, Tenant
 
@@ -126,7 +126,7 @@ def issue_key(
     *,
     allowed_models: tuple[ServedModel, ...] | list[ServedModel] = (),
     expires_at: datetime | None = None,
-    created_by: AbstractBaseUser | None = None,
+    created_by: User | None = None,
     **limits: Any,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``tenant``; return it with its plaintext, which is never stored."""

@@ -199,7 +199,10 @@ def key_cap_errors(
         cap = caps.get(field)
         if cap is None or field in errors:
             continue
-        ceiling = max(values[field] for values in resolved)  # type: ignore[type-var]
+        ceilings = [v for values in resolved if (v := values[field]) is not None]
+        if not ceilings:
+            continue  # no model of the tenant limits this field
+        ceiling = max(ceilings)
         if cap > ceiling:
             errors[field] = (
                 f"The key's {field.replace('_', ' ')} ({cap}) is above the tenant's ({ceiling}); "

@@ -7,6 +7,7 @@ verified credential (``tenants.auth``), never from anything the caller sends (I1
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -179,13 +180,13 @@ class Tenant(models.Model):
 
 # Limit fields shared by tenant quotas and per-key limits. A quota row leaves a field empty to
 # inherit it (per-model override -> tenant default); a key leaves it empty to use the tenant's.
-def _positive_int(**kwargs: object) -> models.PositiveIntegerField:
+def _positive_int(**kwargs: Any) -> models.PositiveIntegerField[int | None, int | None]:
     return models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)], **kwargs
     )
 
 
-def _positive_float(**kwargs: object) -> models.FloatField:
+def _positive_float(**kwargs: Any) -> models.FloatField[float | None, float | None]:
     return models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.01)], **kwargs)
 
 

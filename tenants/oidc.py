@@ -155,7 +155,7 @@ def verify_token(token: str, provider: IdentityProvider, *, audience: str,
         raise TokenRejected(f"bad header: {exc}") from exc
     alg = header.get("alg")
     allowed = [a for a in provider.algorithms or [] if a in SIGNING_ALGORITHMS]
-    if alg not in allowed:
+    if not isinstance(alg, str) or alg not in allowed:
         raise TokenRejected(f"alg {alg!r} not allowed")
     jwk = signing_key(provider, header.get("kid"))
     if not _key_fits(jwk, alg):
