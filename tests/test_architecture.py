@@ -14,6 +14,8 @@ Every module of the project's packages is parsed with ``ast`` (nothing is import
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -213,3 +215,15 @@ def test_the_exemption_lists_are_still_needed() -> None:
     local = {(i.module, i.target) for i in imports() if i.in_function}
     stale = (set(ALLOWED_LOCAL_IMPORTS) | PENDING_LOCAL_IMPORTS) - local
     assert not stale, f"no longer imported inside a function: drop {sorted(stale)}"
+
+
+def test_the_celery_app_loads_before_django_is_set_up() -> None:
+    """``celery -A gateway`` imports the package before Django's set-up: the app must name the
+    engine host and the periodic tasks, not import them (they import models)."""
+    code = ("import gateway; from gateway.celery import app; "
+            "assert 'workers.host:EngineHostStep' in app.steps['worker']; "
+            "assert {'workers.janitor_sweep', 'metering.flush_usage'} <= "
+            "{e['task'] for e in app.conf.beat_schedule.values()}")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
