@@ -37,7 +37,8 @@ import redis  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
 
 from infra.redis_conn import redis_url  # noqa: E402
-from serving.wfq import AsyncWfq, Prices, Wfq, inflight_key  # noqa: E402
+from serving.keys import inflight_key  # noqa: E402
+from serving.wfq import AsyncWfq, Prices, Wfq  # noqa: E402
 
 WORKER = "bench-worker"
 PRICES = Prices(1.0, 2.0)

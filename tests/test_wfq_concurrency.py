@@ -17,7 +17,8 @@ import redis
 import redis.asyncio as aioredis
 
 from infra.redis_conn import redis_url
-from serving.wfq import AsyncWfq, Prices, Wfq, inflight_key
+from serving.keys import inflight_key
+from serving.wfq import AsyncWfq, Prices, Wfq
 from tests.test_wfq_properties import assert_pool_consistent
 
 POOL = "race"

@@ -27,7 +27,8 @@ from hypothesis.stateful import (
 )
 
 from infra.redis_conn import get_redis, key
-from serving.wfq import Prices, QueueEntry, Wfq, inflight_key
+from serving.keys import inflight_key
+from serving.wfq import Prices, QueueEntry, Wfq
 
 POOL = "props"
 PRICES = Prices(1.0, 2.0)
