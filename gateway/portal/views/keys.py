@@ -9,10 +9,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 
-from gateway.portal import roles
 from gateway.portal.forms import KeyForm, RotateForm
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page, secret_page
+from tenants import roles
 from tenants.keys import issue_key
 from tenants.models import LIMIT_FIELDS, ApiKey
 
