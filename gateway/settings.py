@@ -272,6 +272,8 @@ MANAGEMENT_TOKEN_DEFAULT_DAYS = env_int("MANAGEMENT_TOKEN_DEFAULT_DAYS", 90, min
 MANAGEMENT_TOKEN_MAX_DAYS = env_int("MANAGEMENT_TOKEN_MAX_DAYS", 365, minimum=1)
 # An emailed invitation link works once, for this many days.
 INVITATION_DAYS = env_int("INVITATION_DAYS", 7, minimum=1)
+# Where EMAIL_BACKEND=django.core.mail.backends.filebased.EmailBackend writes messages.
+EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 # Sign-in throttling (django-axes) for the portal's and the admin's login forms: after
 # SIGNIN_FAILURE_LIMIT failed attempts for one username from one address, that pair is refused
 # (HTTP 429) for SIGNIN_COOLOFF_MINUTES. The address is the TCP peer, never a forwarded header.

@@ -14,6 +14,7 @@ membership.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import Callable
 from datetime import timedelta
@@ -28,6 +29,7 @@ from django.utils import timezone
 
 from tenants.models import Invitation, Membership, Tenant
 
+log = logging.getLogger(__name__)
 MAX_PENDING = 100  # per tenant: an owner cannot turn the platform into a mail cannon
 _RANK = {Membership.Role.MEMBER: 0, Membership.Role.BILLING: 1, Membership.Role.OWNER: 2}
 
@@ -47,23 +49,34 @@ def invite(tenant: Tenant, email: str, role: str, invited_by: Any,
         raise ValidationError({"email": f"This tenant has {MAX_PENDING} pending invitations; "
                                         "revoke some first."})
     secret = secrets.token_urlsafe(32)
-    invitation = Invitation.objects.create(
-        tenant=tenant, email=email.strip(), role=role, invited_by=invited_by,
-        secret_hash=_hash(secret),
-        expires_at=timezone.now() + timedelta(days=settings.INVITATION_DAYS),
-    )
+    with transaction.atomic():  # no invitation on record that its invitee never got
+        invitation = Invitation.objects.create(
+            tenant=tenant, email=email.strip(), role=role, invited_by=invited_by,
+            secret_hash=_hash(secret),
+            expires_at=timezone.now() + timedelta(days=settings.INVITATION_DAYS),
+        )
+        try:
+            _send(invitation, invited_by, link_for(secret))
+        except OSError as exc:  # SMTP errors included
+            log.warning("invitation email to tenant %s failed: %s", tenant.slug, exc)
+            raise ValidationError({"email": "The invitation email could not be sent. "
+                                            "Try again later."}) from None
+    return invitation
+
+
+def _send(invitation: Invitation, invited_by: Any, link: str) -> None:
+    tenant = invitation.tenant
     inviter = getattr(invited_by, "email", "") or getattr(invited_by, "username", "An owner")
     send_mail(
         subject=f"You are invited to {tenant.name}",
         message=(
-            f"{inviter} invited you to join {tenant.name} as {role} on the inference gateway.\n\n"
-            f"Accept: {link_for(secret)}\n\n"
+            f"{inviter} invited you to join {tenant.name} as {invitation.role} on the "
+            f"inference gateway.\n\nAccept: {link}\n\n"
             f"The link works once and expires on {invitation.expires_at:%Y-%m-%d %H:%M} UTC. "
             "If you did not expect this, ignore this email.\n"
         ),
         from_email=None, recipient_list=[invitation.email],
     )
-    return invitation
 
 
 def find(secret: str) -> Invitation | None:

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from tenants import invitations
 from tenants.models import Invitation, Membership
-from tests.test_portal_world import FAST_HASHERS, PASSWORD, build_world
+from tests.test_portal_world import FAST_HASHERS, PASSWORD, build_world, make_user
 
 pytestmark = pytest.mark.django_db
 LINK = re.compile(r"https?://\S+/portal/invitation/[\w-]+/")
@@ -165,14 +165,14 @@ def test_two_acceptances_at_once_add_one_membership(redis_client, settings):
         finally:
             connection.close()
 
-    users = [world.users[u] for u in ("outsider", "staff", "admin", "billing")]
+    users = [*(world.users[u] for u in ("outsider", "staff", "admin")), make_user("fourth")]
     threads = [threading.Thread(target=accept, args=(u,)) for u in users]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["ok", "refused", "refused", "refused"]
-    joined = Membership.objects.filter(tenant=world.tenant, user__in=users[:3])
+    joined = Membership.objects.filter(tenant=world.tenant, user__in=users)
     assert joined.count() == 1
 
 
@@ -195,3 +195,12 @@ def test_password_reset_by_email_in_the_portal_layout(world):
     response = Client().post(reverse("portal:login"), {"username": "member",
                                                        "password": "An0ther long secret!"})
     assert response.status_code == 302
+
+
+def test_a_mail_server_failure_leaves_no_invitation_and_says_so(world, settings):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", 9, 2
+    response = _owner(world).post(reverse("portal:members"),
+                                  {"email": "x@example.test", "role": "member"})
+    assert response.status_code == 200 and "could not be sent" in response.content.decode()
+    assert not Invitation.objects.exists()
