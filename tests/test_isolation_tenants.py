@@ -36,6 +36,7 @@ from tenants.management_tokens import issue_token
 from tenants.models import ApiKey, ManagementToken, Membership, Pool
 from tenants.salts import cache_salt, platform_salt
 from tests import procs
+from tests.factories import make_model
 from tests.test_inference_live import SERVER_ENV, ensure_pools
 from tests.test_portal_world import FAST_HASHERS, build_world, record, roll_up, this_hour
 
@@ -275,6 +276,31 @@ def test_resume_and_models_for_the_trio(live) -> None:
         names = {m["id"] for m in httpx.get(live["url"] + "/v1/models", timeout=10, headers={
             "Authorization": f"Bearer {plain}"}).json()["data"]}
         assert MODEL in names
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_another_tenants_private_model_is_unknown_on_v1(live) -> None:
+    """Before: 503 ``no_pool``, which confirmed the model exists."""
+    world = live["world"]
+    Pool.objects.create(name="private-pool", model=make_model("sim-private"),
+                        dedicated_to=world.other)
+
+    def listed_for_other() -> bool:
+        body = httpx.get(live["url"] + "/v1/models", timeout=10, headers={
+            "Authorization": f"Bearer {world.plaintexts['other']}"}).json()
+        return "sim-private" in {m["id"] for m in body["data"]}
+
+    procs.wait_until(listed_for_other, 10, "the gateway to read the new pool")
+    answers = []
+    for model in ("sim-private", "no-such-model"):
+        r = _post(live, "owner", {"model": model, "messages": LONG, "max_tokens": 1})
+        error = r.json()["error"]
+        answers.append((r.status_code, error["code"], error["message"].replace(model, "M")))
+    assert answers[0] == answers[1] and answers[0][0] == 404
+    r = httpx.get(live["url"] + "/v1/models/sim-private", timeout=10, headers={
+        "Authorization": f"Bearer {world.plaintexts['owner']}"})
+    assert r.status_code == 404
 
 
 @pytest.mark.integration
