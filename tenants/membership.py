@@ -3,7 +3,7 @@
 Invariant: a tenant always keeps an owner. Demoting or removing an owner locks the tenant's
 owner rows first, so two owners demoting each other at once cannot both pass.
 When someone stops being an owner, the management tokens they made stop too (checked on every
-use by ``ManagementToken.objects.usable``; revoked here so the tokens page says so).
+use by ``ManagementToken.objects.usable``, and revoked for the record by ``tenants.signals``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from tenants.management_tokens import revoke_made_by
 from tenants.models import Membership
 from tenants.roles import OWNER
 
@@ -34,7 +33,6 @@ def change_role(membership: Membership, role: str) -> None:
     with transaction.atomic():
         if membership.role == OWNER and role != OWNER:
             _check_other_owner(membership)
-            revoke_made_by(membership.user_id, membership.tenant_id)
         membership.role = role
         membership.save(update_fields=["role"])
 
@@ -43,5 +41,4 @@ def remove(membership: Membership) -> None:
     with transaction.atomic():
         if membership.role == OWNER:
             _check_other_owner(membership)
-        revoke_made_by(membership.user_id, membership.tenant_id)
         membership.delete()

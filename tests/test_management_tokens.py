@@ -69,12 +69,17 @@ def test_a_token_of_a_deleted_maker_or_without_one_never_works(world):
     assert not ManagementToken.objects.usable().filter(pk=token.pk).exists()
 
 
-def test_the_membership_service_revokes_the_makers_tokens_visibly(world):
+def test_a_role_change_or_deactivation_revokes_the_makers_tokens_for_the_record(world):
     plaintext = _token(world)
     membership.change_role(_owner_row(world).get(), "member")
     assert ManagementToken.objects.get().revoked_at is not None
     _owner_row(world).update(role="owner")
     assert _status(plaintext) == 401  # revoked stays revoked
+    _token(world, maker="member")
+    maker = world.users["member"]
+    maker.is_active = False
+    maker.save()  # as the admin's user page does
+    assert not ManagementToken.objects.filter(revoked_at__isnull=True).exists()
 
 
 def test_every_token_expires_by_default_and_never_beyond_the_maximum(world, settings):

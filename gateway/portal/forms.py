@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -65,11 +65,6 @@ class RotateForm(forms.Form):
         choices=GRACE_CHOICES, coerce=int, initial=86400,
         label="The old key keeps working for",
     )
-
-    def old_key_expiry(self, key: ApiKey) -> datetime:
-        """The grace never extends a key past the expiry it already had."""
-        until = timezone.now() + timedelta(seconds=self.cleaned_data["grace_seconds"])
-        return min(until, key.expires_at) if key.expires_at else until
 
 
 class ContentLoggingForm(forms.Form):
