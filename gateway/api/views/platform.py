@@ -8,7 +8,12 @@ from typing import Any
 
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import SAFE_METHODS
@@ -49,6 +54,14 @@ class TenantViewSet(viewsets.ModelViewSet):
     lookup_field = "slug"
 
 
+# Staff with the view permission get ``ServedModel``; everyone else ``PublicModel``.
+MODEL_ANSWER = PolymorphicProxySerializer(
+    component_name="ModelAnswer", serializers=[s.ServedModelSerializer, s.PublicModelSerializer],
+    resource_type_field_name=None)
+
+
+@extend_schema_view(list=extend_schema(responses=MODEL_ANSWER),
+                    retrieve=extend_schema(responses=MODEL_ANSWER))
 class ServedModelViewSet(viewsets.ModelViewSet):
     """Models. A tenant member sees the models their tenants may use, without engine details;
     staff with the view permission see every model in full. Written with the permissions."""
@@ -71,6 +84,13 @@ class ServedModelViewSet(viewsets.ModelViewSet):
         return s.PublicModelSerializer
 
 
+POOL_ANSWER = PolymorphicProxySerializer(
+    component_name="PoolAnswer", serializers=[s.PoolSerializer, s.PublicPoolSerializer],
+    resource_type_field_name=None)
+
+
+@extend_schema_view(list=extend_schema(responses=POOL_ANSWER),
+                    retrieve=extend_schema(responses=POOL_ANSWER))
 class PoolViewSet(viewsets.ModelViewSet):
     """Pools: shared ones and those dedicated to the caller's tenants; written by admins."""
 
