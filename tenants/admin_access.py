@@ -8,6 +8,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -25,6 +26,8 @@ class StaffGrantForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.fields["user"].queryset = get_user_model().objects.filter(is_staff=True,
+                                                                      is_active=True)
         if not self.instance.pk:
             self.fields["expires_at"].initial = _in_eight_hours
 

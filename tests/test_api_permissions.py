@@ -203,6 +203,24 @@ def test_a_platform_permission_allows_exactly_its_action(world):
                         format="json").status_code in (401, 403)
 
 
+def test_a_grant_made_in_the_admin_is_on_record_and_cannot_be_deleted(world, client):
+    support = make_user("support", is_staff=True)
+    client.force_login(world.users["admin"])
+    response = client.post("/admin/tenants/staffgrant/add/", {
+        "user": support.pk, "tenant": world.tenant.pk, "role": "billing",
+        "reason": "ticket 42: usage looks wrong", "expires_at_0": "2099-01-01",
+        "expires_at_1": "00:00:00"})
+    assert response.status_code == 302, response.content[:500]
+    grant = StaffGrant.objects.get()
+    assert grant.granted_by == world.users["admin"] and grant.user == support
+    assert client.post(f"/admin/tenants/staffgrant/{grant.pk}/delete/", {"post": "yes"}) \
+        .status_code == 403
+    refused = client.post("/admin/tenants/staffgrant/add/", {
+        "user": world.users["owner"].pk, "tenant": world.tenant.pk, "role": "owner",
+        "reason": "x", "expires_at_0": "2099-01-01", "expires_at_1": "00:00:00"})
+    assert refused.status_code == 200 and StaffGrant.objects.count() == 1  # not staff
+
+
 def test_a_grant_reaches_its_tenant_only(world):
     client = APIClient()
     client.force_login(_grant(world, "support", "owner"))
