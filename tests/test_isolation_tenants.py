@@ -21,6 +21,7 @@ tenant, never for another), Last-Event-ID and models for the trio.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -33,7 +34,7 @@ from gateway.redis_conn import get_redis
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import clear_cache
 from tenants.management_tokens import issue_token
-from tenants.models import ApiKey, ManagementToken, Membership, Pool
+from tenants.models import ApiKey, Invitation, ManagementToken, Membership, Pool
 from tenants.salts import cache_salt, platform_salt
 from tests import procs
 from tests.factories import make_model
@@ -53,8 +54,10 @@ def world(redis_client, settings, tmp_path):
     done.write_text("acme secret row\n")
     world.export = ExportJob.objects.create(tenant=world.tenant, start=this_hour(),
                                             end=this_hour(), status="done", file_path=str(done))
-    world.token, _ = issue_token(world.tenant, "ci", "owner",
-                                  created_by=world.users["owner"])
+    world.token, _ = issue_token(world.tenant, "ci", "owner", created_by=world.users["owner"])
+    world.invitation = Invitation.objects.create(
+        tenant=world.tenant, email="x@example.test", secret_hash="1" * 64,
+        expires_at=timezone.now() + timedelta(days=1))
     now = timezone.now()
     world.records = [record(world.tenant, world.keys["owner"], "sim-small", now),
                      record(world.tenant, world.keys["member"], "sim-small", now),
@@ -86,6 +89,8 @@ def _portal_targets(world) -> list[tuple[str, str, dict[str, Any], Any]]:
          lambda: Membership.objects.get(pk=member_ship.pk).role == "member"),
         ("post", reverse("portal:token_revoke", args=[world.token.pk]), {},
          lambda: ManagementToken.objects.get(pk=world.token.pk).revoked_at is None),
+        ("post", reverse("portal:invitation_revoke", args=[world.invitation.pk]), {},
+         lambda: Invitation.objects.get(pk=world.invitation.pk).revoked_at is None),
         ("get", reverse("portal:export_download", args=[world.export.pk]), {}, lambda: True),
         ("get", reverse("portal:export_status", args=[world.export.pk]), {}, lambda: True),
     ]
