@@ -28,10 +28,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from tenants.models import LIMIT_FIELDS, ApiKey, ServedModel, Tenant
+
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
-
-    from tenants.models import ApiKey, ServedModel, Tenant
 
 ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 RANDOM_BYTES = 32
@@ -129,8 +129,6 @@ def issue_key(
     **limits: Any,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``tenant``; return it with its plaintext, which is never stored."""
-    from tenants.models import ApiKey
-
     api_key = ApiKey(
         tenant=tenant, name=name, expires_at=expires_at, created_by=created_by, **limits
     )
@@ -145,8 +143,6 @@ def issue_key(
 def rotate_key(old: ApiKey, grace: timedelta, *, created_by: Any = None) -> tuple[ApiKey, str]:
     """A successor for ``old`` (same name, models, limits and expiry); ``old`` keeps working
     for ``grace`` and never past the expiry it already had. Both commit together."""
-    from tenants.models import LIMIT_FIELDS
-
     if not old.is_usable():
         raise ValueError("Only a usable key can be rotated.")
     until = timezone.now() + grace

@@ -1,4 +1,4 @@
-"""Members of a tenant and its quotas."""
+"""Members of a tenant, invitations to join it, and its quotas."""
 
 from __future__ import annotations
 
