@@ -25,6 +25,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from tenants.models import Invitation, Membership, Tenant
@@ -92,16 +93,33 @@ def pending(secret: str) -> Invitation | None:
 def accept(secret: str, user: Any) -> Membership:
     """Use the link for ``user``: their membership in the tenant, with the invited role (never
     lowering a role they already have there)."""
+    return _claim(Invitation.objects.filter(secret_hash=_hash(secret)), user)
+
+
+def accept_pending_for_identity(tenant_id: int, email: str, user: Any) -> list[Membership]:
+    """A tenant's own identity provider vouched for ``email`` at ``user``'s first sign-in: the
+    tenant's pending invitations to that address are accepted. Only that tenant's: another
+    tenant's provider proves nothing about this tenant's invitations."""
+    accepted = []
+    for invitation in Invitation.objects.pending().filter(tenant_id=tenant_id,
+                                                          email__iexact=email):
+        try:
+            accepted.append(_claim(Invitation.objects.filter(pk=invitation.pk), user))
+        except InvitationInvalid:
+            continue  # taken or revoked meanwhile
+    return accepted
+
+
+def _claim(invitation: QuerySet[Invitation], user: Any) -> Membership:
     with transaction.atomic():
-        claimed = Invitation.objects.pending().filter(secret_hash=_hash(secret)).update(
-            accepted_at=timezone.now(), accepted_by=user)
+        claimed = invitation.pending().update(accepted_at=timezone.now(), accepted_by=user)
         if claimed != 1:
             raise InvitationInvalid
-        invitation = Invitation.objects.get(secret_hash=_hash(secret))
+        found = invitation.get()
         membership, made = Membership.objects.get_or_create(
-            user=user, tenant_id=invitation.tenant_id, defaults={"role": invitation.role})
-        if not made and _RANK[invitation.role] > _RANK[membership.role]:
-            membership.role = invitation.role
+            user=user, tenant_id=found.tenant_id, defaults={"role": found.role})
+        if not made and _RANK[found.role] > _RANK[membership.role]:
+            membership.role = found.role
             membership.save(update_fields=["role"])
     return membership
 

@@ -73,6 +73,29 @@ def test_the_same_subject_at_two_providers_is_two_users(provider):
     assert a.pk != b.pk
 
 
+def test_a_first_sign_in_takes_up_its_tenants_invitations_only(provider):
+    """An invitation to the address the tenant's own provider asserts is accepted at the first
+    SSO sign-in, with its role; another tenant's invitation to the same address is not."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tenants.models import Invitation
+
+    later = timezone.now() + timedelta(days=1)
+    other = make_tenant("other")
+    mine = Invitation.objects.create(tenant=provider.tenant, email="Dev@Acme.example",
+                                     role="billing", secret_hash="a" * 64, expires_at=later)
+    theirs = Invitation.objects.create(tenant=other, email="dev@acme.example", role="owner",
+                                       secret_hash="b" * 64, expires_at=later)
+    user = sso.map_sso_user(provider, {"sub": "u-9", "email": "dev@acme.example"})
+    assert list(Membership.objects.filter(user=user).values_list("tenant_id", "role")) == [
+        (provider.tenant_id, "billing")]
+    mine.refresh_from_db()
+    theirs.refresh_from_db()
+    assert mine.accepted_by == user and theirs.accepted_at is None
+
+
 def test_no_subject_no_user(provider):
     with pytest.raises(oidc.TokenRejected):
         sso.map_sso_user(provider, {"email": "x@acme.example"})
