@@ -264,3 +264,26 @@ AUTHENTICATION_BACKENDS = [
 OIDC_AUTHENTICATION_CALLBACK_URL = "sso:callback"
 OIDC_USE_PKCE = True
 OIDC_TIMEOUT = OIDC_HTTP_TIMEOUT_SECONDS
+
+# --- Tenant access: management tokens, invitations, sign-in throttling -----------------------
+# Every management token expires: this many days unless its maker picks another lifetime, and
+# never later than the maximum.
+MANAGEMENT_TOKEN_DEFAULT_DAYS = env_int("MANAGEMENT_TOKEN_DEFAULT_DAYS", 90, minimum=1)
+MANAGEMENT_TOKEN_MAX_DAYS = env_int("MANAGEMENT_TOKEN_MAX_DAYS", 365, minimum=1)
+# An emailed invitation link works once, for this many days.
+INVITATION_DAYS = env_int("INVITATION_DAYS", 7, minimum=1)
+# Where EMAIL_BACKEND=django.core.mail.backends.filebased.EmailBackend writes messages.
+EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
+# Sign-in throttling (django-axes) for the portal's and the admin's login forms: after
+# SIGNIN_FAILURE_LIMIT failed attempts for one username from one address, that pair is refused
+# (HTTP 429) for SIGNIN_COOLOFF_MINUTES. The address is the TCP peer, never a forwarded header.
+INSTALLED_APPS += ["axes"]
+MIDDLEWARE += ["axes.middleware.AxesMiddleware"]
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", *AUTHENTICATION_BACKENDS]
+AXES_FAILURE_LIMIT = env_int("SIGNIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_float("SIGNIN_COOLOFF_MINUTES", 15.0, minimum=0.1) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
+AXES_LOCKOUT_TEMPLATE = "portal/locked_out.html"
+AXES_VERBOSE = False

@@ -11,7 +11,11 @@ the library); ``/sso/callback/`` is the library's callback view, which calls
 - maps the identity with ``map_sso_user``: the user is keyed by (provider, subject), **never
   matched to an existing account by email**, so tenant B's provider cannot log in as tenant A's
   owner by asserting their address; the membership is in the provider's tenant only, with the
-  role from the claim mapping (``sso_role_claim`` + ``sso_roles``) or ``sso_default_role``.
+  role from the claim mapping (``sso_role_claim`` + ``sso_roles``) or ``sso_default_role``;
+- on a user's first sign-in, accepts that tenant's pending invitations to the email the
+  provider asserts (an invitation never lowers the role; another tenant's invitations are left
+  alone, since this provider proves nothing to them). An invitation link opened before signing
+  in is accepted as well (``gateway.portal.views.invitations``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from mozilla_django_oidc.views import (
     OIDCAuthenticationRequestView,
 )
 
-from tenants import oidc
+from tenants import invitations, oidc
 from tenants.models import IdentityProvider, Membership, Tenant
 
 log = logging.getLogger(__name__)
@@ -85,6 +89,8 @@ def map_sso_user(provider: IdentityProvider, claims: dict[str, Any]) -> Abstract
         membership, made = Membership.objects.get_or_create(
             user=user, tenant_id=provider.tenant_id, defaults={"role": role}
         )
+        if created and email:  # a first sign-in takes up this tenant's invitations to it
+            invitations.accept_pending_for_identity(provider.tenant_id, email, user)
         # The provider is the source of truth for roles only when it sends a role claim.
         if not made and (provider.claim_mapping or {}).get("sso_role_claim") and \
                 membership.role != role:

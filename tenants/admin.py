@@ -305,5 +305,6 @@ class MembershipAdmin(admin.ModelAdmin):
     autocomplete_fields = ["user", "tenant"]
 
 
-# Identity providers and client-certificate bindings have their own admin module.
-from tenants import admin_signin  # noqa: E402, F401
+# Identity providers and client-certificate bindings, and who may act in a tenant (grants,
+# invitations, management tokens), have their own admin modules.
+from tenants import admin_access, admin_signin  # noqa: E402, F401

@@ -21,18 +21,17 @@ import re
 import secrets
 import zlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
-from tenants.models import ApiKey
+from tenants.models import LIMIT_FIELDS, ApiKey, ServedModel, Tenant
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
-
-    from tenants.models import ServedModel, Tenant
 
 ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 RANDOM_BYTES = 32
@@ -139,3 +138,20 @@ def issue_key(
         if allowed_models:
             api_key.allowed_models.set(allowed_models)
     return api_key, plaintext
+
+
+def rotate_key(old: ApiKey, grace: timedelta, *, created_by: Any = None) -> tuple[ApiKey, str]:
+    """A successor for ``old`` (same name, models, limits and expiry); ``old`` keeps working
+    for ``grace`` and never past the expiry it already had. Both commit together."""
+    if not old.is_usable():
+        raise ValueError("Only a usable key can be rotated.")
+    until = timezone.now() + grace
+    with transaction.atomic():
+        new, plaintext = issue_key(
+            old.tenant, old.name, allowed_models=list(old.allowed_models.all()),
+            expires_at=old.expires_at, created_by=created_by,
+            **{f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None},
+        )
+        old.expires_at = min(until, old.expires_at) if old.expires_at else until
+        old.save(update_fields=["expires_at"])  # the save signal drops cached principals
+    return new, plaintext

@@ -337,6 +337,156 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} ({self.role})"
 
 
+class ContentLoggingChange(models.Model):
+    """Who switched a tenant's content logging on or off, and when. Rows are never edited."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    enabled = models.BooleanField()
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    changed_at = models.DateTimeField(auto_now_add=True)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+
+    class Meta:
+        db_table = "portal_contentloggingchange"  # made by the portal app; the data stays put
+        ordering = ["-changed_at", "-id"]
+
+    def __str__(self) -> str:
+        state = "on" if self.enabled else "off"
+        return f"{self.tenant} content logging {state} by {self.changed_by} at {self.changed_at}"
+
+
+class ManagementTokenQuerySet(models.QuerySet["ManagementToken"]):
+    def usable(self, now: datetime | None = None) -> ManagementTokenQuerySet:
+        """Not revoked, not expired, and its maker still an active owner of its tenant: a token
+        ends with its maker's account, membership or role, whoever changed them and how."""
+        now = now or timezone.now()
+        maker_owns = Membership.objects.filter(
+            user_id=models.OuterRef("created_by_id"), tenant_id=models.OuterRef("tenant_id"),
+            role=Membership.Role.OWNER,
+        )
+        return self.filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now),
+            models.Exists(maker_owns), revoked_at__isnull=True, created_by__is_active=True,
+        )
+
+
+class ManagementToken(models.Model):
+    """A credential for the management API, bound to one tenant and acting with one role.
+
+    Stored like API keys: only an HMAC under a versioned pepper (``tenants.management_tokens``).
+    It works only while its maker is an active owner of the tenant (``usable``).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100)
+    role = models.CharField(
+        max_length=16, choices=Membership.Role.choices, default=Membership.Role.BILLING
+    )
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    pepper_version = models.PositiveSmallIntegerField(editable=False)
+    prefix = models.CharField(max_length=24, editable=False)
+    last_four = models.CharField(max_length=4, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ManagementTokenQuerySet.as_manager()
+
+    class Meta:
+        db_table = "portal_managementtoken"  # made by the portal app; the data stays put
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.masked})"
+
+    @property
+    def masked(self) -> str:
+        return f"{self.prefix}…{self.last_four}"
+
+
+class StaffGrantQuerySet(models.QuerySet["StaffGrant"]):
+    def active(self, now: datetime | None = None) -> StaffGrantQuerySet:
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True, expires_at__gt=now,
+                           user__is_active=True, user__is_staff=True)
+
+
+class StaffGrant(models.Model):
+    """Lets one platform staff account act in one tenant with one role, until it expires.
+
+    Being staff gives no access to any tenant's data: support work in a tenant needs a grant,
+    made in the admin by someone holding ``tenants.add_staffgrant``, with a reason on record.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="staff_grants")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="staff_grants")
+    role = models.CharField(max_length=16, choices=Membership.Role.choices,
+                            default=Membership.Role.BILLING)
+    reason = models.CharField(max_length=300)
+    granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, editable=False,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = StaffGrantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.user} as {self.role} in {self.tenant} until {self.expires_at:%Y-%m-%d %H:%M}"
+
+    def clean(self) -> None:
+        if self.user_id and not self.user.is_staff:
+            raise ValidationError({"user": "Only staff accounts get grants; invite anyone else."})
+        if self.expires_at and self.expires_at <= timezone.now():
+            raise ValidationError({"expires_at": "The expiry must be in the future."})
+
+
+class InvitationQuerySet(models.QuerySet["Invitation"]):
+    def pending(self, now: datetime | None = None) -> InvitationQuerySet:
+        now = now or timezone.now()
+        return self.filter(accepted_at__isnull=True, revoked_at__isnull=True,
+                           expires_at__gt=now)
+
+
+class Invitation(models.Model):
+    """A single-use, expiring offer of a membership, sent by email (``tenants.invitations``).
+
+    Only a hash of the link's secret is stored; the link itself exists only in the email.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Membership.Role.choices,
+                            default=Membership.Role.MEMBER)
+    secret_hash = models.CharField(max_length=64, unique=True, editable=False)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                    on_delete=models.SET_NULL, related_name="+")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = InvitationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.tenant} as {self.role}"
+
+
 # --- enterprise sign-in: identity providers (tenants.oidc) and client certificates (tenants.mtls)
 
 # Asymmetric algorithms only. HS* would let anyone holding the public JWKS forge tokens if a

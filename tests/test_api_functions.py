@@ -163,7 +163,7 @@ def test_schema_and_docs_are_served(world):
 
 
 def test_content_logging_over_the_api_is_audited_even_for_a_token(world):
-    from gateway.portal.tokens import issue_token
+    from tenants.management_tokens import issue_token
 
     client = client_for(world, "owner")
     body = client.put("/api/tenants/acme/content-logging/set/", {"enabled": True},

@@ -28,8 +28,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from gateway.portal.tokens import issue_token
 from infra.redis_conn import key
+from tenants.management_tokens import issue_token
 from tests import procs
 from tests import test_inference_live as live_module
 from tests.test_inference_live import MODEL
@@ -143,7 +143,7 @@ def world(live, settings):
 
 
 def test_management_api_fuzz(live, world) -> None:
-    _, plain = issue_token(world.tenant, "fuzz", "owner")
+    _, plain = issue_token(world.tenant, "fuzz", "owner", created_by=world.users["owner"])
     auth = {"Authorization": f"Bearer {plain}"}
     schema = schemathesis.openapi.from_url(live["url"] + "/api/schema/")
     statuses: list[int] = []

@@ -1,5 +1,7 @@
 """Tenant isolation, endpoint family by endpoint family, with the owner / member / outsider trio
-of ``tests.test_portal_world`` (acme's owner and member; ``other``'s owner as the outsider).
+of ``tests.test_portal_world`` (acme's owner and member; ``other``'s owner as the outsider),
+plus the billing seat and platform staff (without permissions, and a superuser) where they
+apply: staff have no tenant role anywhere without a grant.
 
 What already covers what (not repeated here):
 - management API, every endpoint x role, status codes: ``test_api_permissions``
@@ -19,6 +21,7 @@ tenant, never for another), Last-Event-ID and models for the trio.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -27,14 +30,14 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from gateway.portal.models import ManagementToken
-from gateway.portal.tokens import issue_token
 from infra.redis_conn import get_redis
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import clear_cache
-from tenants.models import ApiKey, Membership, Pool
+from tenants.management_tokens import issue_token
+from tenants.models import ApiKey, Invitation, ManagementToken, Membership, Pool
 from tenants.salts import cache_salt, platform_salt
 from tests import procs
+from tests.factories import make_model
 from tests.test_inference_live import SERVER_ENV, ensure_pools
 from tests.test_portal_world import FAST_HASHERS, build_world, record, roll_up, this_hour
 
@@ -51,7 +54,10 @@ def world(redis_client, settings, tmp_path):
     done.write_text("acme secret row\n")
     world.export = ExportJob.objects.create(tenant=world.tenant, start=this_hour(),
                                             end=this_hour(), status="done", file_path=str(done))
-    world.token, _ = issue_token(world.tenant, "ci", "owner")
+    world.token, _ = issue_token(world.tenant, "ci", "owner", created_by=world.users["owner"])
+    world.invitation = Invitation.objects.create(
+        tenant=world.tenant, email="x@example.test", secret_hash="1" * 64,
+        expires_at=timezone.now() + timedelta(days=1))
     now = timezone.now()
     world.records = [record(world.tenant, world.keys["owner"], "sim-small", now),
                      record(world.tenant, world.keys["member"], "sim-small", now),
@@ -83,17 +89,26 @@ def _portal_targets(world) -> list[tuple[str, str, dict[str, Any], Any]]:
          lambda: Membership.objects.get(pk=member_ship.pk).role == "member"),
         ("post", reverse("portal:token_revoke", args=[world.token.pk]), {},
          lambda: ManagementToken.objects.get(pk=world.token.pk).revoked_at is None),
+        ("post", reverse("portal:invitation_revoke", args=[world.invitation.pk]), {},
+         lambda: Invitation.objects.get(pk=world.invitation.pk).revoked_at is None),
         ("get", reverse("portal:export_download", args=[world.export.pk]), {}, lambda: True),
         ("get", reverse("portal:export_status", args=[world.export.pk]), {}, lambda: True),
     ]
 
 
 @pytest.mark.django_db
-def test_portal_outsider_cannot_touch_acme_objects_by_id(world) -> None:
-    client = _signed_in(world, "outsider")
+@pytest.mark.parametrize("who", ["outsider", "staff", "admin"])
+def test_portal_outsider_cannot_touch_acme_objects_by_id(world, who: str) -> None:
+    """Another tenant's owner gets 404; platform staff, even a superuser, have no portal tenant
+    and are sent to the no-tenant page."""
+    client = _signed_in(world, who)
     for method, url, form, untouched in _portal_targets(world):
         response = getattr(client, method)(url, form)
-        assert response.status_code == 404, (url, response.status_code)
+        if who == "outsider":
+            assert response.status_code == 404, (url, response.status_code)
+        else:
+            assert response.status_code == 302, (url, response.status_code)
+            assert response["Location"] == reverse("portal:no_tenant")
         assert b"acme secret row" not in response.content and untouched(), url
 
 
@@ -140,19 +155,39 @@ def test_api_lists_hold_only_the_callers_tenant(world, who: str) -> None:
         assert rows.json()["results"] == []
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("who", ["staff", "admin"])
+def test_api_gives_staff_no_tenant_without_a_grant(world, who: str) -> None:
+    """Platform staff, with no permission or with all of them, see no tenant's data."""
+    client = _signed_in(world, who)
+    for tenant in (world.tenant, world.other):
+        for path in ("usage/", "rollups/", "keys/", "members/", "tokens/", "alerts/",
+                     "exports/", "reports/", "content-logging/"):
+            response = client.get(f"/api/tenants/{tenant.slug}/{path}")
+            assert response.status_code == 404, (path, response.status_code)
+            assert b"owner key" not in response.content
+
+
 # -- admin and break-glass: nothing for tenant users -----------------------------------------
 
 ADMIN_PAGES = ["/admin/", "/admin/tenants/apikey/", "/admin/tenants/tenant/",
-               "/admin/metering/usagerecord/", "/admin/contentlog/contentrecord/"]
+               "/admin/metering/usagerecord/", "/admin/contentlog/contentrecord/",
+               "/admin/tenants/managementtoken/", "/admin/tenants/staffgrant/"]
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("who", TRIO)
+@pytest.mark.parametrize("who", [*TRIO, "billing", "staff"])
 def test_admin_and_breakglass_refuse_every_tenant_seat(world, who: str) -> None:
+    """Tenant seats are sent to the admin's sign-in; a staff account without permissions gets
+    the admin's index and 403 on every model page."""
     client = _signed_in(world, who)
     for url in [*ADMIN_PAGES, f"/admin/tenants/apikey/{world.keys['owner'].pk}/change/"]:
         response = client.get(url)
-        assert response.status_code == 302 and "/admin/login/" in response["Location"], url
+        if who == "staff":
+            assert response.status_code == (200 if url == "/admin/" else 403), url
+            assert b"owner key" not in response.content
+        else:
+            assert response.status_code == 302 and "/admin/login/" in response["Location"], url
     for url in ("/breakglass/", "/breakglass/1/read/"):
         response = client.get(url)
         assert response.status_code in (302, 403, 404), url
@@ -250,9 +285,34 @@ def test_resume_and_models_for_the_trio(live) -> None:
 
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
+def test_another_tenants_private_model_is_unknown_on_v1(live) -> None:
+    """Before: 503 ``no_pool``, which confirmed the model exists."""
+    world = live["world"]
+    Pool.objects.create(name="private-pool", model=make_model("sim-private"),
+                        dedicated_to=world.other)
+
+    def listed_for_other() -> bool:
+        body = httpx.get(live["url"] + "/v1/models", timeout=10, headers={
+            "Authorization": f"Bearer {world.plaintexts['other']}"}).json()
+        return "sim-private" in {m["id"] for m in body["data"]}
+
+    procs.wait_until(listed_for_other, 10, "the gateway to read the new pool")
+    answers = []
+    for model in ("sim-private", "no-such-model"):
+        r = _post(live, "owner", {"model": model, "messages": LONG, "max_tokens": 1})
+        error = r.json()["error"]
+        answers.append((r.status_code, error["code"], error["message"].replace(model, "M")))
+    assert answers[0] == answers[1] and answers[0][0] == 404
+    r = httpx.get(live["url"] + "/v1/models/sim-private", timeout=10, headers={
+        "Authorization": f"Bearer {world.plaintexts['owner']}"})
+    assert r.status_code == 404
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
 def test_metrics_need_the_metrics_token_not_a_tenant_credential(live) -> None:
     world = live["world"]
-    _, mgmt = issue_token(world.tenant, "ci", "owner")
+    _, mgmt = issue_token(world.tenant, "ci", "owner", created_by=world.users["owner"])
     url = live["url"] + "/metrics"
     for credential in [*(world.plaintexts[k] for k in ("owner", "member", "other")), mgmt, None]:
         auth = {"Authorization": f"Bearer {credential}"} if credential else {}

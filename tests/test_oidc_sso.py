@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -70,6 +71,29 @@ def test_the_same_subject_at_two_providers_is_two_users(provider):
     a = sso.map_sso_user(provider, {"sub": "same"})
     b = sso.map_sso_user(second, {"sub": "same"})
     assert a.pk != b.pk
+
+
+def test_a_first_sign_in_takes_up_its_tenants_invitations_only(provider):
+    """An invitation to the address the tenant's own provider asserts is accepted at the first
+    SSO sign-in, with its role; another tenant's invitation to the same address is not."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tenants.models import Invitation
+
+    later = timezone.now() + timedelta(days=1)
+    other = make_tenant("other")
+    mine = Invitation.objects.create(tenant=provider.tenant, email="Dev@Acme.example",
+                                     role="billing", secret_hash="a" * 64, expires_at=later)
+    theirs = Invitation.objects.create(tenant=other, email="dev@acme.example", role="owner",
+                                       secret_hash="b" * 64, expires_at=later)
+    user = sso.map_sso_user(provider, {"sub": "u-9", "email": "dev@acme.example"})
+    assert list(Membership.objects.filter(user=user).values_list("tenant_id", "role")) == [
+        (provider.tenant_id, "billing")]
+    mine.refresh_from_db()
+    theirs.refresh_from_db()
+    assert mine.accepted_by == user and theirs.accepted_at is None
 
 
 def test_no_subject_no_user(provider):
@@ -174,3 +198,30 @@ def test_sso_login_for_a_provider_without_sso_is_404(client, live_provider):
     registration.sso_enabled = False
     registration.save()
     assert client.get(f"/sso/{registration.pk}/login/").status_code == 404
+
+
+def test_first_sso_sign_in_from_an_invitation_accepts_it(client, live_provider, settings):
+    """The invitee opens the emailed link, picks the tenant's SSO button, and comes back a
+    member with the invited role (above the provider's default)."""
+    from django.core import mail
+
+    from tests.test_portal_world import make_user
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    fake, registration = live_provider
+    owner = make_user("live-owner")
+    Membership.objects.create(user=owner, tenant=registration.tenant, role="owner")
+    inviter = type(client)()
+    inviter.force_login(owner)
+    inviter.post("/portal/members/", {"email": "emp@acme.example", "role": "billing"})
+    link = re.search(r"http://testserver(/portal/invitation/\S+/)", mail.outbox[0].body)[1]
+    page = client.get(link).content.decode()
+    button = re.search(r'href="(/sso/\d+/login/\?next=[^"]+)"', page)[1].replace("&amp;", "&")
+    response = client.get(button)
+    params = {k: v[0] for k, v in parse_qs(urlparse(response["Location"]).query).items()}
+    fake.id_token = _id_token(fake, nonce=params["nonce"])
+    back = client.get("/sso/callback/", {"code": "c0de", "state": params["state"]})
+    assert back["Location"] == link  # back to the invitation, now signed in and accepted
+    assert client.get(link)["Location"] == "/portal/"
+    user = get_user_model().objects.get(email="emp@acme.example")
+    assert Membership.objects.get(user=user).role == "billing"

@@ -8,11 +8,11 @@ from datetime import timedelta
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
-from gateway.portal.models import ContentLoggingChange, ManagementToken
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import AuthError, authenticate, clear_cache
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, ContentLoggingChange, ManagementToken, Tenant
 from tests.factories import bearer, make_tenant
 from tests.test_portal_world import FAST_HASHERS, build_world, record, roll_up, this_hour
 
@@ -213,9 +213,36 @@ def test_alerts_and_tokens_pages_create_things(client, world):
     client.post(reverse("portal:alerts"), {"metric": "money", "period": "month",
                                            "threshold": "50", "api_key": ""})
     assert SpendAlert.objects.get().tenant == world.tenant
-    response = client.post(reverse("portal:tokens"), {"name": "ci", "role": "billing"})
+    response = client.post(reverse("portal:tokens"), {"name": "ci", "role": "billing",
+                                                      "expires_in_days": 30})
     assert "only time it is shown" in response.content.decode()
-    assert ManagementToken.objects.get().role == "billing"
+    token = ManagementToken.objects.get()
+    assert token.role == "billing" and token.created_by == world.users["owner"]
+    assert timedelta(days=29) < token.expires_at - timezone.now() <= timedelta(days=30)
+
+
+def test_tokens_page_offers_the_default_expiry_and_shows_last_use(client, world, settings):
+    """Before: a token without an expiry was the default, and nothing said when it was used."""
+    settings.MANAGEMENT_TOKEN_DEFAULT_DAYS = 45
+    signed_in(client, world, "owner")
+    form = client.get(reverse("portal:tokens")).content.decode()
+    assert 'name="expires_in_days" value="45"' in form
+    refused = client.post(reverse("portal:tokens"), {"name": "ci", "role": "billing",
+                                                     "expires_in_days": ""})
+    assert refused.status_code == 200 and not ManagementToken.objects.exists()
+    client.post(reverse("portal:tokens"), {"name": "ci", "role": "billing",
+                                           "expires_in_days": 45})
+    token = ManagementToken.objects.get()
+    ManagementToken.objects.filter(pk=token.pk).update(
+        last_used_at=timezone.now().replace(year=2026, month=11, day=30, hour=8, minute=15))
+    page = client.get(reverse("portal:tokens")).content.decode()
+    assert "2026-11-30 08:15" in page and f"{token.expires_at:%Y-%m-%d %H:%M}" in page
+    assert "active" in page
+    world.tenant.memberships.filter(user=world.users["owner"]).update(role="member")
+    world.tenant.memberships.filter(role="billing").update(role="owner")
+    signed_in(client, world, "billing")
+    assert "its maker is no longer an owner" in client.get(reverse("portal:tokens")).content \
+        .decode()
 
 
 def test_playground_mints_a_short_lived_key(client, world):
@@ -229,24 +256,61 @@ def test_playground_mints_a_short_lived_key(client, world):
     assert client.post(reverse("portal:playground_key")).status_code == 403
 
 
-def test_members_page_adds_changes_and_keeps_an_owner(client, world):
+def test_members_page_changes_roles_and_keeps_an_owner(client, world):
     signed_in(client, world, "owner")
-    client.post(reverse("portal:members"), {"user": "staff@example.test", "role": "billing"})
-    added = world.tenant.memberships.get(user=world.users["staff"])
-    assert added.role == "billing"
-    client.post(reverse("portal:member_change", args=[added.id]), {"role": "member"})
-    added.refresh_from_db()
-    assert added.role == "member"
+    billing = world.tenant.memberships.get(role="billing")
+    client.post(reverse("portal:member_change", args=[billing.id]), {"role": "member"})
+    billing.refresh_from_db()
+    assert billing.role == "member"
     mine = world.tenant.memberships.get(user=world.users["owner"])
-    page = client.post(reverse("portal:member_change", args=[mine.id]), {"role": "remove"},
-                       follow=True).content.decode()
-    assert "at least one owner" in page and world.tenant.memberships.filter(pk=mine.id).exists()
-    client.post(reverse("portal:member_change", args=[added.id]), {"role": "remove"})
-    assert not world.tenant.memberships.filter(pk=added.id).exists()
+    page = client.get(reverse("portal:members")).content.decode()
+    assert "The last owner" in page  # no control offered that would be refused
+    for role in ("remove", "member"):
+        page = client.post(reverse("portal:member_change", args=[mine.id]), {"role": role},
+                           follow=True).content.decode()
+        assert "last owner" in page
+        mine.refresh_from_db()
+        assert mine.role == "owner"
+    client.post(reverse("portal:member_change", args=[billing.id]), {"role": "remove"})
+    assert not world.tenant.memberships.filter(pk=billing.id).exists()
     # Another tenant's membership is out of reach.
     theirs = world.other.memberships.get()
     assert client.post(reverse("portal:member_change", args=[theirs.id]),
                        {"role": "remove"}).status_code == 404
+
+
+def test_an_owner_demoting_themselves_is_asked_first_and_lands_on_a_page(client, world):
+    """Before: one click demoted them and the redirect answered a bare 403."""
+    world.tenant.memberships.filter(role="member").update(role="owner")  # a second owner
+    signed_in(client, world, "owner")
+    mine = world.tenant.memberships.get(user=world.users["owner"])
+    url = reverse("portal:member_change", args=[mine.id])
+    asked = client.post(url, {"role": "billing"})
+    assert asked.status_code == 200 and "Are you sure" in asked.content.decode()
+    mine.refresh_from_db()
+    assert mine.role == "owner"
+    done = client.post(url, {"role": "billing", "confirm": "yes"}, follow=True)
+    assert done.status_code == 200 and done.redirect_chain[-1][0] == reverse("portal:usage")
+    mine.refresh_from_db()
+    assert mine.role == "billing"
+
+
+def test_staff_without_a_membership_sees_no_tenant_page(client, world):
+    """Platform staff (even a superuser) have no portal tenant: every page sends them to the
+    no-tenant page, and no object of acme is reachable by id."""
+    for who in ("staff", "admin"):
+        signed_in(client, world, who)
+        for name in PAGES:
+            response = client.get(reverse(f"portal:{name}"))
+            assert response.status_code == 302, (who, name)
+            assert response["Location"] == reverse("portal:no_tenant")
+        assert client.get(reverse("portal:no_tenant")).status_code == 403
+        key = world.keys["owner"]
+        client.post(reverse("portal:key_revoke", args=[key.pk]))
+        key.refresh_from_db()
+        assert key.revoked_at is None
+        assert client.post(reverse("portal:switch"), {"tenant": world.tenant.id}).status_code \
+            == 400
 
 
 def test_login_page_offers_the_tenants_sso_providers(client, world):

@@ -1,8 +1,10 @@
 """A shared world for portal, API and billing tests (no tests here).
 
 Tenant ``acme`` has an owner, a member and a billing user; ``other`` has its own owner (the
-outsider for acme); ``staff`` is a platform admin. Each test module wraps ``build_world`` in a
-fixture, so the trio exists on every endpoint test.
+outsider for acme); ``staff`` is a platform staff account with no permissions and no grants
+(it must see nothing), ``admin`` a superuser (every platform permission, still no tenant
+role). Each test module wraps ``build_world`` in a fixture, so every seat exists on every
+endpoint test.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def build_world() -> World:
     pool = make_pool(model, name="shared-small")
     users = {name: make_user(name) for name in ("owner", "member", "billing", "outsider")}
     users["staff"] = make_user("staff", is_staff=True)
+    users["admin"] = make_user("admin", is_staff=True, is_superuser=True)
     for name, role in (("owner", "owner"), ("member", "member"), ("billing", "billing")):
         Membership.objects.create(user=users[name], tenant=tenant, role=role)
     Membership.objects.create(user=users["outsider"], tenant=other, role="owner")

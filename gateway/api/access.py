@@ -1,7 +1,14 @@
-"""Which tenant an API request acts on, and with which role.
+"""Who may do what through the management API.
 
-The tenant comes from the URL, but the role comes only from the credential: a management
-token's own tenant and role, or the session user's membership (platform staff act as owners).
+- A **management token** acts in its own tenant with its own role, nothing else: it is never
+  staff, whoever made it.
+- A **signed-in user** acts in a tenant with their membership's role. Being platform staff gives
+  no role in any tenant: staff need an active ``StaffGrant`` for that tenant (made in the admin,
+  with a reason and an expiry), and then act with the grant's role.
+- **Platform actions** (tenants, models, pools, prices, the all-tenant report, quota writes)
+  need an active staff account holding the matching Django model permission (``view_``,
+  ``add_``, ``change_``, ``delete_``; superusers hold them all).
+
 A tenant the caller has no role in answers 404, the same as one that does not exist, so a
 caller cannot probe for other tenants' slugs.
 """
@@ -10,44 +17,63 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Model
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 
-from gateway.portal import roles
-from gateway.portal.models import ManagementToken
-from tenants.models import Membership, Tenant
+from tenants import roles
+from tenants.models import ManagementToken, Membership, StaffGrant, Tenant
+
+ACTION_OF_METHOD = {"GET": "view", "HEAD": "view", "OPTIONS": "view", "POST": "add",
+                    "PUT": "change", "PATCH": "change", "DELETE": "delete"}
 
 
 def token_of(request: Request) -> ManagementToken | None:
     return request.auth if isinstance(request.auth, ManagementToken) else None
 
 
-def is_admin(request: Request) -> bool:
-    return token_of(request) is None and bool(getattr(request.user, "is_staff", False))
+def staff_user(request: Request) -> Any | None:
+    """The signed-in, active staff user, or None (tokens are never staff)."""
+    user = request.user
+    if token_of(request) is not None or not getattr(user, "is_authenticated", False):
+        return None
+    return user if user.is_active and user.is_staff else None
+
+
+def permission_name(model: type[Model], method: str) -> str:
+    action = ACTION_OF_METHOD.get(method.upper(), "change")
+    return f"{model._meta.app_label}.{action}_{model._meta.model_name}"
+
+
+def has_platform_perm(request: Request, model: type[Model], method: str | None = None) -> bool:
+    user = staff_user(request)
+    return user is not None and user.has_perm(permission_name(model, method or request.method))
 
 
 def role_in(request: Request, tenant: Tenant) -> str | None:
     token = token_of(request)
     if token is not None:
         return token.role if token.tenant_id == tenant.pk else None
-    if is_admin(request):
-        return roles.OWNER
-    return (
-        Membership.objects.filter(user_id=request.user.pk, tenant=tenant)
-        .values_list("role", flat=True).first()
-    )
+    role = (Membership.objects.filter(user_id=request.user.pk, tenant=tenant)
+            .values_list("role", flat=True).first())
+    if role is None and staff_user(request) is not None:
+        role = (StaffGrant.objects.active().filter(user_id=request.user.pk, tenant=tenant)
+                .values_list("role", flat=True).first())
+    return role
 
 
-def tenant_ids(request: Request) -> list[int] | None:
-    """The tenants the caller belongs to; None for platform staff (all of them)."""
+def tenant_ids(request: Request) -> list[int]:
+    """The tenants the caller may act in: a token's own, or the user's memberships and grants."""
     token = token_of(request)
     if token is not None:
         return [token.tenant_id]
-    if is_admin(request):
-        return None
-    return list(Membership.objects.filter(user_id=request.user.pk).values_list("tenant_id",
-                                                                               flat=True))
+    ids = set(Membership.objects.filter(user_id=request.user.pk).values_list("tenant_id",
+                                                                             flat=True))
+    if staff_user(request) is not None:
+        ids |= set(StaffGrant.objects.active().filter(user_id=request.user.pk)
+                   .values_list("tenant_id", flat=True))
+    return sorted(ids)
 
 
 def resolve(request: Request, slug: str, capability: str) -> tuple[Tenant, str]:

@@ -13,8 +13,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from gateway.portal.models import ManagementToken
-from gateway.portal.tokens import looks_like_token, verify
+from tenants.management_tokens import looks_like_token, verify
+from tenants.models import ManagementToken
 
 
 class TokenUser:

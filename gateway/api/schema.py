@@ -29,6 +29,9 @@ ERROR_SCHEMA = {
                        "param": {"type": "string", "nullable": True},
                        "code": {"type": "string", "nullable": True}}}},
 }
+# Answers that differ by who asks, as a fuller and a narrower view of one object: the full one
+# also satisfies the narrow one, so "oneOf" (exactly one) would reject it; "anyOf" is right.
+ANY_OF_COMPONENTS = ("ModelAnswer", "PoolAnswer")
 METHODS = ("get", "put", "patch", "post", "delete", "head", "options")
 # With ``?file=csv|xlsx`` (views.base.FILE_PARAM) a report view answers the file instead.
 FILE_TYPES = ("text/csv", "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet")
@@ -37,7 +40,11 @@ FILE_TYPES = ("text/csv", "application/vnd.openxmlformats-officedocument.spreads
 def add_error_responses(result: dict[str, Any], generator: Any, request: Any,
                         public: bool) -> dict[str, Any]:
     """drf-spectacular POSTPROCESSING_HOOKS entry."""
-    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Error"] = ERROR_SCHEMA
+    for name in ANY_OF_COMPONENTS:
+        if "oneOf" in schemas.get(name, {}):
+            schemas[name]["anyOf"] = schemas[name].pop("oneOf")
     body = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
     for item in result.get("paths", {}).values():
         for method in METHODS:

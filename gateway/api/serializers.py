@@ -6,11 +6,21 @@ from typing import Any
 
 from rest_framework import serializers
 
-from gateway.portal.forms import models_for
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
 from metering.models import UsageRecord, UsageRollup
+from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Pool, Quota, ServedModel, Tenant
+from tenants.models import (
+    LIMIT_FIELDS,
+    ApiKey,
+    Invitation,
+    ManagementToken,
+    Membership,
+    Pool,
+    Quota,
+    ServedModel,
+    Tenant,
+)
 
 
 class TenantSerializer(serializers.ModelSerializer):
@@ -60,9 +70,7 @@ class RotateSerializer(serializers.Serializer):
 
 
 class MembershipSerializer(serializers.ModelSerializer):
-    user = serializers.CharField(
-        help_text="Username or email of an existing user (on create).", source="user.username",
-    )
+    user = serializers.CharField(source="user.username", read_only=True)
     email = serializers.EmailField(source="user.email", read_only=True)
 
     class Meta:
@@ -70,17 +78,32 @@ class MembershipSerializer(serializers.ModelSerializer):
         fields = ["id", "user", "email", "role", "created_at"]
         read_only_fields = ["id", "created_at"]
 
-    def validate_user(self, value: str) -> str:
-        if self.instance is not None and value != self.instance.user.username:
-            raise serializers.ValidationError("A membership's user cannot change.")
-        return value
 
-    def create(self, validated: dict[str, Any]) -> Membership:
-        from gateway.portal.membership import add
+class InvitationSerializer(serializers.ModelSerializer):
+    """An invitation. Creating one emails its link; the answer is the same whether or not the
+    address belongs to an account."""
 
-        # ``role`` is optional (the model's default): absent, it was a KeyError and a 500.
-        role = validated.get("role", Membership._meta.get_field("role").default)
-        return add(self.context["tenant"], validated["user"]["username"], role)
+    invited_by = serializers.StringRelatedField(allow_null=True)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "invited_by", "created_at", "expires_at"]
+        read_only_fields = ["id", "invited_by", "created_at", "expires_at"]
+
+
+class ManagementTokenSerializer(serializers.ModelSerializer):
+    created_by = serializers.StringRelatedField(allow_null=True)
+    active = serializers.SerializerMethodField(
+        help_text="Usable now: not revoked, not expired, and its maker still an owner.")
+
+    class Meta:
+        model = ManagementToken
+        fields = ["id", "name", "prefix", "last_four", "role", "created_by", "created_at",
+                  "expires_at", "last_used_at", "revoked_at", "active"]
+        read_only_fields = fields
+
+    def get_active(self, token: ManagementToken) -> bool:
+        return token.pk in self.context.get("usable", ())
 
 
 class QuotaSerializer(serializers.ModelSerializer):
@@ -168,6 +191,15 @@ class ServedModelSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
 
+class PublicModelSerializer(serializers.ModelSerializer):
+    """What a tenant needs to call a model; engine ids and tokenizer paths stay with staff."""
+
+    class Meta:
+        model = ServedModel
+        fields = ["name", "max_model_len", "created_at"]
+        read_only_fields = fields
+
+
 class PoolSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
     dedicated_to = serializers.SlugRelatedField(
@@ -180,6 +212,17 @@ class PoolSerializer(serializers.ModelSerializer):
                   "max_sequences", "kv_cache_tokens", "kv_overcommit", "dedicated_to", "enabled",
                   "created_at"]
         read_only_fields = ["id", "created_at"]
+
+
+class PublicPoolSerializer(serializers.ModelSerializer):
+    """A pool as a tenant sees it: no backend settings (they may hold upstream credentials)."""
+
+    model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Pool
+        fields = ["name", "model", "region", "enabled"]
+        read_only_fields = fields
 
 
 class PriceSerializer(serializers.ModelSerializer):

@@ -16,12 +16,14 @@ platform.register("reports/usage", views.PlatformReportView, basename="platform-
 scoped = SimpleRouter()
 scoped.register("keys", views.ApiKeyViewSet, basename="key")
 scoped.register("members", views.MembershipViewSet, basename="member")
+scoped.register("invitations", views.InvitationViewSet, basename="invitation")
 scoped.register("quotas", views.QuotaViewSet, basename="quota")
 scoped.register("usage", views.UsageRecordViewSet, basename="usage")
 scoped.register("rollups", views.UsageRollupViewSet, basename="rollup")
 scoped.register("reports", views.ReportViewSet, basename="report")
 scoped.register("exports", views.ExportJobViewSet, basename="export")
 scoped.register("alerts", views.SpendAlertViewSet, basename="alert")
+scoped.register("tokens", views.ManagementTokenViewSet, basename="token")
 scoped.register("content-logging", views.ContentLoggingViewSet, basename="content-logging")
 
 @csrf_exempt  # it changes nothing; a CSRF 403 page would hide the 404

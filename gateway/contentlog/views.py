@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import permission_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
@@ -30,6 +31,7 @@ class RequestForm(forms.Form):
 
 
 @staff_member_required
+@permission_required(breakglass.REQUEST_PERM, raise_exception=True)  # not even the tenant list
 @require_http_methods(["GET", "POST"])
 def index(request: HttpRequest) -> HttpResponse:
     form = RequestForm(request.POST or None)
@@ -49,6 +51,7 @@ def index(request: HttpRequest) -> HttpResponse:
 
 
 @staff_member_required
+@permission_required(breakglass.REQUEST_PERM, raise_exception=True)
 @never_cache
 @require_POST
 def read(request: HttpRequest, grant_id: int) -> HttpResponse:

@@ -174,12 +174,19 @@ def adapter_pools(cat: Catalog, name: str, tenant_id: int, region: str) -> list[
     return found
 
 
+def _usable_by(cat: Catalog, model: str, tenant_id: int) -> bool:
+    """Whether some enabled pool anywhere may serve this tenant the model (shared or its own).
+    A model only other tenants' dedicated pools serve does not exist for it: it gets the same
+    404 as an unknown name, never a 503 that would confirm the model is there."""
+    return any(p.dedicated_to in (None, tenant_id) for p in cat.pools_for(model))
+
+
 async def choose_pool(model: str, tenant_id: int, region: str,
                       allowed: frozenset[str]) -> PoolInfo:
     cat = await catalog()
     pools: list[PoolInfo]
     if model in cat.models:
-        if allowed and model not in allowed:
+        if (allowed and model not in allowed) or not _usable_by(cat, model, tenant_id):
             raise model_not_found(model)
         pools = candidates(cat, model, tenant_id, region)
     else:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django import forms
-from django.db.models import Q, QuerySet
+from django.conf import settings
+from django.contrib.auth.forms import UserCreationForm
+from django.core.validators import MaxValueValidator
 from django.utils import timezone
 
 from metering.billing.models import SpendAlert
 from metering.billing.reports import GROUPS
+from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
 from tenants.models import LIMIT_FIELDS, ApiKey, Membership, ServedModel, Tenant
 
@@ -18,13 +21,6 @@ GRACE_CHOICES = [
     (0, "Immediately"), (3600, "1 hour"), (86400, "24 hours"), (7 * 86400, "7 days"),
     (30 * 86400, "30 days"),
 ]
-
-
-def models_for(tenant: Tenant) -> QuerySet[ServedModel]:
-    """Models with an enabled pool this tenant may be routed to (shared, or dedicated to it)."""
-    return ServedModel.objects.filter(
-        Q(pools__dedicated_to__isnull=True) | Q(pools__dedicated_to=tenant), pools__enabled=True
-    ).distinct().order_by("name")
 
 
 class KeyForm(forms.Form):
@@ -70,11 +66,6 @@ class RotateForm(forms.Form):
         label="The old key keeps working for",
     )
 
-    def old_key_expiry(self, key: ApiKey) -> datetime:
-        """The grace never extends a key past the expiry it already had."""
-        until = timezone.now() + timedelta(seconds=self.cleaned_data["grace_seconds"])
-        return min(until, key.expires_at) if key.expires_at else until
-
 
 class ContentLoggingForm(forms.Form):
     enabled = forms.BooleanField(required=False)
@@ -117,9 +108,27 @@ class AlertForm(forms.ModelForm):
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100)
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.BILLING)
-    expires_in_days = forms.IntegerField(required=False, min_value=1, max_value=3650)
+    expires_in_days = forms.IntegerField(
+        min_value=1, label="Expires in (days)",
+        help_text="Every token expires. It also stops when you stop being an owner here.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["expires_in_days"]
+        field.initial = settings.MANAGEMENT_TOKEN_DEFAULT_DAYS
+        field.max_value = settings.MANAGEMENT_TOKEN_MAX_DAYS
+        field.validators.append(MaxValueValidator(settings.MANAGEMENT_TOKEN_MAX_DAYS))
+        field.widget.attrs["max"] = settings.MANAGEMENT_TOKEN_MAX_DAYS
 
 
-class MemberForm(forms.Form):
-    user = forms.CharField(max_length=254, label="Username or email")
+class InviteForm(forms.Form):
+    email = forms.EmailField(label="Email address")
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
+
+
+class AcceptInvitationForm(UserCreationForm):
+    """A new account for an invitee; the email is the invited address."""
+
+    class Meta(UserCreationForm.Meta):
+        fields = ("username",)

@@ -16,7 +16,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
-from gateway.portal import roles
+from tenants import roles
 from tenants.models import Membership
 
 SESSION_KEY = "portal_tenant_id"

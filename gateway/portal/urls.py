@@ -1,10 +1,11 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import path, reverse_lazy
 
 from gateway.portal.views import (
     content_logging,
     finance,
     home,
+    invitations,
     keys,
     members,
     playground,
@@ -17,6 +18,20 @@ app_name = "portal"
 urlpatterns = [
     path("login/", home.PortalLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("invitation/<str:secret>/", invitations.invitation_page, name="invitation"),
+    path("password-reset/", auth_views.PasswordResetView.as_view(
+        template_name="portal/password_reset.html",
+        email_template_name="portal/password_reset_email.txt",
+        subject_template_name="portal/password_reset_subject.txt",
+        success_url=reverse_lazy("portal:password_reset_done")), name="password_reset"),
+    path("password-reset/sent/", auth_views.PasswordResetDoneView.as_view(
+        template_name="portal/password_reset_sent.html"), name="password_reset_done"),
+    path("password-reset/<uidb64>/<token>/", auth_views.PasswordResetConfirmView.as_view(
+        template_name="portal/password_reset_confirm.html",
+        success_url=reverse_lazy("portal:password_reset_complete")),
+        name="password_reset_confirm"),
+    path("password-reset/done/", auth_views.PasswordResetCompleteView.as_view(
+        template_name="portal/password_reset_complete.html"), name="password_reset_complete"),
     path("", home.index, name="index"),
     path("no-tenant/", home.no_tenant, name="no_tenant"),
     path("switch/", home.switch, name="switch"),
@@ -38,6 +53,7 @@ urlpatterns = [
     path("alerts/<int:pk>/delete/", finance.alert_delete, name="alert_delete"),
     path("members/", members.members_page, name="members"),
     path("members/<int:pk>/", members.member_change, name="member_change"),
+    path("invitations/<int:pk>/revoke/", members.invitation_revoke, name="invitation_revoke"),
     path("tokens/", tokens.tokens_page, name="tokens"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
 ]

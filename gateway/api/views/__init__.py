@@ -3,7 +3,7 @@
 from gateway.api.views.content_logging import ContentLoggingViewSet
 from gateway.api.views.finance import ExportJobViewSet, ReportViewSet, SpendAlertViewSet
 from gateway.api.views.keys import ApiKeyViewSet
-from gateway.api.views.members import MembershipViewSet, QuotaViewSet
+from gateway.api.views.members import InvitationViewSet, MembershipViewSet, QuotaViewSet
 from gateway.api.views.platform import (
     PlatformReportView,
     PoolViewSet,
@@ -11,11 +11,12 @@ from gateway.api.views.platform import (
     ServedModelViewSet,
     TenantViewSet,
 )
+from gateway.api.views.tokens import ManagementTokenViewSet
 from gateway.api.views.usage import UsageRecordViewSet, UsageRollupViewSet
 
 __all__ = [
-    "ApiKeyViewSet", "ContentLoggingViewSet", "ExportJobViewSet", "MembershipViewSet",
-    "PlatformReportView", "PoolViewSet", "PriceViewSet", "QuotaViewSet", "ReportViewSet",
-    "ServedModelViewSet", "SpendAlertViewSet", "TenantViewSet", "UsageRecordViewSet",
-    "UsageRollupViewSet",
+    "ApiKeyViewSet", "ContentLoggingViewSet", "ExportJobViewSet", "InvitationViewSet",
+    "ManagementTokenViewSet", "MembershipViewSet", "PlatformReportView", "PoolViewSet",
+    "PriceViewSet", "QuotaViewSet", "ReportViewSet", "ServedModelViewSet", "SpendAlertViewSet",
+    "TenantViewSet", "UsageRecordViewSet", "UsageRollupViewSet",
 ]

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, viewsets
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 
 from gateway.api import access
-from gateway.portal import roles
-from tenants.models import ApiKey
+from tenants import roles
+from tenants.models import ApiKey, Tenant
 
 # Not ``format``: DRF reads that one for content negotiation.
 FILE_PARAM = OpenApiParameter("file", str, enum=["csv", "xlsx"],
@@ -20,17 +20,21 @@ FILE_PARAM = OpenApiParameter("file", str, enum=["csv", "xlsx"],
 TENANT_PARAM = OpenApiParameter("tenant", str, OpenApiParameter.PATH, description="Tenant slug.")
 
 
-class IsPlatformAdmin(permissions.BasePermission):
+class PlatformPermission(permissions.BasePermission):
+    """The Django model permission matching the method on ``view.platform_model``."""
+
     def has_permission(self, request: Request, view: Any) -> bool:
-        return access.is_admin(request)
+        return access.has_platform_perm(request, view.platform_model)
 
 
-class ReadForMembersWriteForAdmins(permissions.BasePermission):
+class ReadForMembersWriteWithPermission(permissions.BasePermission):
+    """Reads: anyone acting in some tenant (the view narrows what they see), or holding the
+    view permission. Writes: the matching Django model permission."""
+
     def has_permission(self, request: Request, view: Any) -> bool:
-        if request.method in permissions.SAFE_METHODS:
-            ids = access.tenant_ids(request)
-            return ids is None or bool(ids)
-        return access.is_admin(request)
+        if request.method in permissions.SAFE_METHODS and access.tenant_ids(request):
+            return True
+        return access.has_platform_perm(request, view.platform_model)
 
 
 @extend_schema(parameters=[TENANT_PARAM])
@@ -39,15 +43,29 @@ class TenantScoped(viewsets.GenericViewSet):
 
     capability = "usage"
     write_capability: str | None = None
-    admin_writes = False  # writes need a platform admin even if the role could read
+    # Set on viewsets whose writes are platform actions (the caller's tenant role is not
+    # enough): they need this model's Django permission instead.
+    platform_model: type[Model] | None = None
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         write = request.method not in permissions.SAFE_METHODS
+        if write and self.platform_model is not None:
+            self._platform_write(request, kwargs["tenant"])
+            return
         capability = (self.write_capability or self.capability) if write else self.capability
         self.tenant, self.role = access.resolve(request, kwargs["tenant"], capability)
-        if write and self.admin_writes and not access.is_admin(request):
-            raise PermissionDenied("Only platform admins change this.")
+
+    def _platform_write(self, request: Request, slug: str) -> None:
+        assert self.platform_model is not None
+        if access.has_platform_perm(request, self.platform_model):
+            tenant = Tenant.objects.filter(slug=slug).first()
+            if tenant is None:
+                access.resolve(request, slug, self.capability)  # the same 404 as elsewhere
+            self.tenant, self.role = tenant, None
+            return
+        self.tenant, self.role = access.resolve(request, slug, self.capability)
+        raise PermissionDenied("Only platform staff with the matching permission change this.")
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "tenant": getattr(self, "tenant", None)}

@@ -13,6 +13,8 @@ from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.schema import OneObjectSchema
 from gateway.api.views.base import TenantScoped
+from tenants.content_logging import switch
+from tenants.models import ContentLoggingChange
 
 
 class ContentLoggingViewSet(TenantScoped):
@@ -23,8 +25,6 @@ class ContentLoggingViewSet(TenantScoped):
     schema = OneObjectSchema()  # list answers the switch and its history, not a page
 
     def _state(self) -> dict[str, Any]:
-        from gateway.portal.models import ContentLoggingChange
-
         changes = ContentLoggingChange.objects.filter(tenant=self.tenant).select_related(
             "changed_by")[:100]
         return {"enabled": self.tenant.content_logging, "changes": changes,
@@ -36,8 +36,6 @@ class ContentLoggingViewSet(TenantScoped):
     @extend_schema(request=s.ContentLoggingSerializer, responses=s.ContentLoggingSerializer)
     @action(detail=False, methods=["put"], url_path="set")
     def set_enabled(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        from gateway.portal.content_logging import switch
-
         body = s.ContentLoggingSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         switch(self.tenant, body.validated_data["enabled"], access.user_for_audit(request),

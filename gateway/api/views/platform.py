@@ -1,15 +1,22 @@
-"""Platform-wide endpoints: tenants (admins); models, pools and prices (read for tenant members,
-write for admins); the all-tenant usage report."""
+"""Platform-wide endpoints: tenants; models, pools and prices (tenant members read what their
+tenants may use); the all-tenant usage report. Each platform action needs its Django model
+permission (``gateway.api.access``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.http import HttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import viewsets
 from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -17,46 +24,94 @@ from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.filters import TIME_PARAMS, time_range
 from gateway.api.schema import OneObjectSchema
-from gateway.api.views.base import FILE_PARAM, IsPlatformAdmin, ReadForMembersWriteForAdmins
+from gateway.api.views.base import (
+    FILE_PARAM,
+    PlatformPermission,
+    ReadForMembersWriteWithPermission,
+)
 from metering.billing import reports
 from metering.billing.downloads import report_response
 from metering.billing.models import Price
+from metering.models import UsageRecord
+from tenants.catalog import models_for
 from tenants.models import Pool, ServedModel, Tenant
 
 
+def _staff_view(request: Request, model: type[Model]) -> bool:
+    """Staff see the full rows: with the view permission, or on a write (which the permission
+    class let through only with that write's permission)."""
+    method = "GET" if request.method in SAFE_METHODS else request.method
+    return access.has_platform_perm(request, model, method)
+
+
 class TenantViewSet(viewsets.ModelViewSet):
-    """Tenants: platform admins only."""
+    """Tenants: platform staff with the tenants.*_tenant permissions."""
 
     queryset = Tenant.objects.all()
     serializer_class = s.TenantSerializer
-    permission_classes = [IsPlatformAdmin]
+    permission_classes = [PlatformPermission]
+    platform_model = Tenant
     lookup_field = "slug"
 
 
-class ServedModelViewSet(viewsets.ModelViewSet):
-    """Models: readable by any tenant member, written by platform admins."""
+# Staff with the view permission get ``ServedModel``; everyone else ``PublicModel``.
+MODEL_ANSWER = PolymorphicProxySerializer(
+    component_name="ModelAnswer", serializers=[s.ServedModelSerializer, s.PublicModelSerializer],
+    resource_type_field_name=None)
 
-    queryset = ServedModel.objects.all()
-    serializer_class = s.ServedModelSerializer
-    permission_classes = [ReadForMembersWriteForAdmins]
+
+@extend_schema_view(list=extend_schema(responses=MODEL_ANSWER),
+                    retrieve=extend_schema(responses=MODEL_ANSWER))
+class ServedModelViewSet(viewsets.ModelViewSet):
+    """Models. A tenant member sees the models their tenants may use, without engine details;
+    staff with the view permission see every model in full. Written with the permissions."""
+
+    permission_classes = [ReadForMembersWriteWithPermission]
+    platform_model = ServedModel
     lookup_field = "name"
 
+    def _platform_reader(self) -> bool:
+        return _staff_view(self.request, ServedModel)
 
+    def get_queryset(self) -> QuerySet[ServedModel]:
+        if getattr(self, "swagger_fake_view", False) or self._platform_reader():
+            return ServedModel.objects.order_by("name")
+        return models_for(access.tenant_ids(self.request))
+
+    def get_serializer_class(self) -> type[s.ServedModelSerializer] | type[s.PublicModelSerializer]:
+        if getattr(self, "swagger_fake_view", False) or self._platform_reader():
+            return s.ServedModelSerializer
+        return s.PublicModelSerializer
+
+
+POOL_ANSWER = PolymorphicProxySerializer(
+    component_name="PoolAnswer", serializers=[s.PoolSerializer, s.PublicPoolSerializer],
+    resource_type_field_name=None)
+
+
+@extend_schema_view(list=extend_schema(responses=POOL_ANSWER),
+                    retrieve=extend_schema(responses=POOL_ANSWER))
 class PoolViewSet(viewsets.ModelViewSet):
     """Pools: shared ones and those dedicated to the caller's tenants; written by admins."""
 
     serializer_class = s.PoolSerializer
-    permission_classes = [ReadForMembersWriteForAdmins]
+    permission_classes = [ReadForMembersWriteWithPermission]
+    platform_model = Pool
     lookup_field = "name"
 
     def get_queryset(self) -> QuerySet[Pool]:
         if getattr(self, "swagger_fake_view", False):
             return Pool.objects.none()
-        pools = Pool.objects.select_related("model", "dedicated_to")
-        ids = access.tenant_ids(self.request)
-        if ids is None:
+        pools = Pool.objects.select_related("model", "dedicated_to").order_by("name")
+        if _staff_view(self.request, Pool):
             return pools
+        ids = access.tenant_ids(self.request)
         return pools.filter(Q(dedicated_to__isnull=True) | Q(dedicated_to_id__in=ids))
+
+    def get_serializer_class(self) -> type[s.PoolSerializer] | type[s.PublicPoolSerializer]:
+        if getattr(self, "swagger_fake_view", False) or _staff_view(self.request, Pool):
+            return s.PoolSerializer
+        return s.PublicPoolSerializer
 
 
 class PriceViewSet(viewsets.ModelViewSet):
@@ -64,7 +119,8 @@ class PriceViewSet(viewsets.ModelViewSet):
 
     queryset = Price.objects.all()
     serializer_class = s.PriceSerializer
-    permission_classes = [ReadForMembersWriteForAdmins]
+    permission_classes = [ReadForMembersWriteWithPermission]
+    platform_model = Price
 
     def perform_create(self, serializer: Any) -> None:
         Price(**serializer.validated_data).clean()
@@ -72,9 +128,10 @@ class PriceViewSet(viewsets.ModelViewSet):
 
 
 class PlatformReportView(viewsets.ViewSet):
-    """Usage report across every tenant (platform admins)."""
+    """Usage report across every tenant (staff with metering.view_usagerecord)."""
 
-    permission_classes = [IsPlatformAdmin]
+    permission_classes = [PlatformPermission]
+    platform_model = UsageRecord
     schema = OneObjectSchema()  # list answers one report, not a page
 
     @extend_schema(parameters=[*TIME_PARAMS, OpenApiParameter("group_by", str),

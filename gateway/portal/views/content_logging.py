@@ -8,12 +8,11 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
-from gateway.portal.content_logging import switch
 from gateway.portal.forms import ContentLoggingForm
-from gateway.portal.models import ContentLoggingChange
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page
-from tenants.models import Tenant
+from tenants.content_logging import switch
+from tenants.models import ContentLoggingChange, Tenant
 
 
 @tenant_view("content_logging")

@@ -10,9 +10,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from gateway.portal import roles
 from gateway.portal.tenancy import choose, current_membership
 from gateway.portal.views.base import page
+from tenants import roles
 from tenants.models import Tenant
 
 

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib import messages
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 
-from gateway.portal import roles
 from gateway.portal.forms import KeyForm, RotateForm
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page, secret_page
-from tenants.keys import issue_key
-from tenants.models import LIMIT_FIELDS, ApiKey
+from tenants import roles
+from tenants.keys import issue_key, rotate_key
+from tenants.models import ApiKey
 
 
 def visible_keys(request: HttpRequest) -> QuerySet[ApiKey]:
@@ -58,14 +59,8 @@ def key_rotate(request: HttpRequest, pk: int) -> HttpResponse:
     old = get_object_or_404(visible_keys(request).usable(), pk=pk)
     form = RotateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        with transaction.atomic():
-            new, plaintext = issue_key(
-                old.tenant, old.name, allowed_models=list(old.allowed_models.all()),
-                expires_at=old.expires_at, created_by=request.user,
-                **{f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None},
-            )
-            old.expires_at = form.old_key_expiry(old)
-            old.save(update_fields=["expires_at"])  # the save signal drops cached principals
+        grace = timedelta(seconds=form.cleaned_data["grace_seconds"])
+        new, plaintext = rotate_key(old, grace, created_by=request.user)
         return secret_page(request, "portal/key_created.html",
                            {"key": new, "plaintext": plaintext, "rotated": old})
     return page(request, "portal/key_rotate.html", {"key": old, "form": form})

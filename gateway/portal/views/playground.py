@@ -13,9 +13,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from gateway.portal.forms import models_for
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page
+from tenants.catalog import models_for
 from tenants.keys import issue_key
 
 PLAYGROUND_KEY_TTL = timedelta(hours=1)

@@ -11,10 +11,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from gateway.portal.forms import TokenForm
-from gateway.portal.models import ManagementToken
 from gateway.portal.tenancy import tenant_view
-from gateway.portal.tokens import issue_token
 from gateway.portal.views.base import page, secret_page
+from tenants.management_tokens import issue_token
+from tenants.models import ManagementToken
 
 
 @tenant_view("tokens")
@@ -25,14 +25,15 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
         days = form.cleaned_data["expires_in_days"]
         token, plaintext = issue_token(
             tenant, form.cleaned_data["name"], form.cleaned_data["role"],
-            created_by=request.user,
-            expires_at=timezone.now() + timedelta(days=days) if days else None,
+            created_by=request.user, expires_at=timezone.now() + timedelta(days=days),
         )
         return secret_page(request, "portal/token_created.html",
                            {"token": token, "plaintext": plaintext})
-    tokens = ManagementToken.objects.filter(tenant=tenant)
+    tokens = ManagementToken.objects.filter(tenant=tenant).select_related("created_by")
+    usable = set(ManagementToken.objects.filter(tenant=tenant).usable().values_list("pk",
+                                                                                   flat=True))
     return page(request, "portal/tokens.html", {"form": form, "tokens": tokens,
-                                                "now": timezone.now()})
+                                                "usable": usable, "now": timezone.now()})
 
 
 @tenant_view("tokens")

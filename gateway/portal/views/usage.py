@@ -9,15 +9,16 @@ from django.db.models.functions import TruncHour
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from gateway.portal import roles, usage
+from gateway.portal import usage
 from gateway.portal.charts import line_chart
-from gateway.portal.forms import models_for
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page
 from gateway.portal.views.keys import visible_keys
 from infra.redis_conn import get_redis, key
 from metering.billing import reports
 from metering.billing.models import SpendAlert
+from tenants import roles
+from tenants.catalog import models_for
 from tenants.limits import effective_limits
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.db import transaction
 
-from gateway.portal.models import ContentLoggingChange
-from tenants.models import Tenant
+from tenants.auth import invalidate_principals
+from tenants.models import ContentLoggingChange, Tenant
 
 
 def switch(tenant: Tenant, enabled: bool, user: Any, remote_addr: str | None = None) -> bool:
@@ -24,8 +24,6 @@ def switch(tenant: Tenant, enabled: bool, user: Any, remote_addr: str | None = N
             )
     if changed:
         # update() sends no signal; every gateway must see the new flag on its next request.
-        from tenants.auth import invalidate_principals
-
         invalidate_principals()
     tenant.content_logging = enabled
     return bool(changed)
