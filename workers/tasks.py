@@ -23,8 +23,20 @@ def janitor_sweep() -> dict[str, list[str]]:
     return janitor.sweep().as_dict()
 
 
+def janitor_every_s() -> float:
+    """Often enough that a dead worker's streams end within WORKER_DEAD_AFTER_SECONDS and a
+    half; never more often than WORKER_HEARTBEAT_SECONDS."""
+    from django.conf import settings
+
+    return max(settings.WORKER_HEARTBEAT_SECONDS,
+               min(JANITOR_EVERY_S, settings.WORKER_DEAD_AFTER_SECONDS / 2))
+
+
 @app.on_after_finalize.connect
 def _schedule(sender: Any, **_: object) -> None:
     # A backstop under `celery beat`: pool workers already sweep, but a pool whose workers all
-    # died has nobody left to sweep it.
-    sender.add_periodic_task(JANITOR_EVERY_S, janitor_sweep.s(), name="janitor sweep")
+    # died has nobody left to sweep it (`manage.py serve` runs a housekeeping worker for this).
+    # A sweep nobody picked up in time is dropped: the next one does the same work.
+    every = janitor_every_s()
+    sender.add_periodic_task(every, janitor_sweep.s().set(expires=every),
+                             name="janitor sweep")
