@@ -26,9 +26,9 @@ def status_html(pool: Any) -> SafeString:
     if record is None:
         return format_html("<p>{}</p>", NOT_REPORTED)
     at = dt.datetime.fromtimestamp(float(record.get("at") or 0), tz=dt.UTC)
-    line = format_html("<p><strong>{}</strong> (pid {}, {} restarts, as of {:%Y-%m-%d %H:%M:%S} "
-                       "UTC)</p>", record.get("state", "?"), record.get("pid") or "-",
-                       record.get("restarts", "0"), at)
+    line = format_html("<p><strong>{}</strong> (pid {}, {} restarts, as of {} UTC)</p>",
+                       record.get("state", "?"), record.get("pid") or "-",
+                       record.get("restarts", "0"), f"{at:%Y-%m-%d %H:%M:%S}")
     if not record.get("last_exit"):
         return line
     return format_html("{}<p>Last exit: {}</p><pre>{}</pre>", line, record["last_exit"],

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
 import sys
 import time
 
@@ -19,7 +18,7 @@ from gateway.redis_conn import get_redis, key
 from gateway.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
 from tests.factories import make_model, make_pool
 from tests.procs import (
-    ROOT,
+    Proc,
     arun,
     child_env,
     free_port,
@@ -337,17 +336,10 @@ def test_serve_starts_gateway_and_pool_workers_then_stops_on_sigterm(redis_clien
     Pool.objects.update(enabled=False)
     make_pool(make_model("serve-sim"), name="serve-one", backend_settings=SIM)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "manage.py", "serve", "--port", str(port),
-                             "--no-beat"], cwd=ROOT, env=child_env(WORKER_ENV),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
+    with Proc("serve", [sys.executable, "manage.py", "serve", "--port", str(port), "--no-beat"],
+              child_env(WORKER_ENV)) as proc:
         wait_for_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
         wait_until(lambda: redis_client.zcard(key("workers", "serve-one")), 30, "pool worker")
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 0, out.decode()[-3000:]
-        assert b"/admin/" in out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        wait_until(lambda: "/admin/" in proc.logs(), 30, "the banner", proc)
+        proc.signal(signal.SIGTERM)
+        assert proc.popen.wait(30) == 0, proc.logs()[-3000:]
