@@ -350,9 +350,15 @@ def test_ctrl_c_under_load_ends_every_stream_and_leaves_nothing_running(tmp_path
     try:
         procs.wait_for_http(url + "/healthz", serve, timeout=90)
         redis_port = int((tmp_path / "var" / "redis.port").read_text())
+        # The embedded Redis is a supervised child too: killed, it comes back on its port.
+        old_redis = child_pid(serve, "redis-server")
+        os.kill(old_redis, signal.SIGKILL)
+        restarted(serve, "redis-server", old_redis, timeout=20)
+        body = {**LONG, "model": "sim-small"}
+        procs.wait_until(lambda: serves(url, plain, {**body, "max_tokens": 3}), 60,
+                         "a request served after the Redis restart", serve)
         everything = [psutil.Process(serve.pid), *descendants(serve.pid)]
         assert any("redis-server" in " ".join(p.cmdline()) for p in everything)
-        body = {**LONG, "model": "sim-small"}
         stopped: list[float] = []
 
         def ctrl_c(_tasks: Any) -> None:
@@ -383,6 +389,13 @@ def test_ctrl_c_under_load_ends_every_stream_and_leaves_nothing_running(tmp_path
         serve.stop()
         for p in descendants(serve.pid) if serve.alive() else []:
             p.kill()
+
+
+def serves(url: str, plain: str, body: dict[str, Any]) -> bool:
+    try:
+        return stream_once(url, plain, body).finish == "length"
+    except httpx.HTTPError:
+        return False
 
 
 def _running(redis_port: int, pool: str) -> int:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def test_backoff_doubles_up_to_its_cap() -> None:
 def test_a_killed_child_is_restarted_and_reported_with_its_signal(sink) -> None:
     rec = Recorder()
     sup = Supervisor([ChildSpec("a", SLEEPER), ChildSpec("b", SLEEPER)], backoff=FAST,
-                     listener=rec, output=sink)
+                     ready_after_s=0.1, listener=rec, output=sink)
     sup.start()
     try:
         run_until(sup, lambda: all("up" in c.tail for c in sup.children.values()),
@@ -96,11 +97,12 @@ def test_a_crash_loop_is_reported_once_and_retried_while_the_rest_run(sink) -> N
     rec = Recorder()
     crasher = [PY, "-c", "import sys; print('bad setting: warp_drive'); sys.exit(3)"]
     sup = Supervisor([ChildSpec("bad", crasher), ChildSpec("good", SLEEPER)], backoff=FAST,
-                     crash_limit=3, crash_window_s=60, listener=rec, output=sink)
+                     crash_limit=3, crash_window_s=60, ready_after_s=30, listener=rec,
+                     output=sink)
     sup.start()
     try:
         good = sup.children["good"]
-        run_until(sup, lambda: good.state is State.RUNNING, 10, "good running")
+        run_until(sup, lambda: "up" in good.tail, 10, "good running")
         pid = good.pid
         bad = sup.children["bad"]
         run_until(sup, lambda: len(rec.of("bad", "exited")) >= 5, 20, "bad retried")
@@ -118,7 +120,7 @@ def test_a_failing_child_that_comes_up_recovers(tmp_path: Path, sink) -> None:
               "else time.sleep(600)")
     rec = Recorder()
     sup = Supervisor([ChildSpec("c", [PY, "-c", script])], backoff=FAST, crash_limit=2,
-                     listener=rec, output=sink)
+                     ready_after_s=0.5, listener=rec, output=sink)
     sup.start()
     try:
         child = sup.children["c"]
@@ -211,3 +213,16 @@ def test_children_die_with_a_supervisor_killed_outright(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_hurry_kills_what_is_left_without_waiting_out_the_timeouts(sink) -> None:
+    stubborn = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                          "print('up', flush=True); time.sleep(600)"]
+    sup = Supervisor([ChildSpec("s", stubborn, stop_timeout_s=60)], output=sink)
+    sup.start()
+    run_until(sup, lambda: "up" in sup.children["s"].tail, 10, "up")
+    pid = sup.children["s"].pid
+    threading.Timer(0.3, sup.hurry).start()  # a second Ctrl-C
+    started = time.monotonic()
+    sup.stop()
+    assert time.monotonic() - started < 5 and gone(pid)

@@ -121,7 +121,7 @@ Listener = Callable[[Child, str], None]
 class Supervisor:
     def __init__(self, specs: Iterable[ChildSpec], *, backoff: Backoff | None = None,
                  crash_limit: int = 3, crash_window_s: float = 60.0,
-                 stable_after_s: float = 30.0, ready_after_s: float = 1.0,
+                 stable_after_s: float = 30.0, ready_after_s: float = 10.0,
                  listener: Listener | None = None, output: IO[bytes] | None = None) -> None:
         self.children = {spec.name: Child(spec) for spec in specs}
         self.backoff = backoff or Backoff()
@@ -134,6 +134,7 @@ class Supervisor:
         self._out_lock = threading.Lock()
         self._stopping = False
         self._hurry = threading.Event()
+        self._hurried = False
 
     # -- running ------------------------------------------------------------------------------
 
@@ -272,6 +273,9 @@ class Supervisor:
             waiting = [c for c in group if c.alive()]
             if not waiting:
                 break
+            if self._hurry.is_set() and not self._hurried:
+                self._hurried = True
+                log.warning("stopping at once: killing what is left")
             for child in waiting:
                 if self._hurry.is_set() or time.monotonic() >= deadlines.get(child.name, 0.0):
                     assert child.popen is not None

@@ -200,13 +200,10 @@ class Command(BaseCommand):
     # -- events and stopping ------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        if self.stop_signal:
-            self.stderr.write("Stopping at once (second signal): killing every child.")
-            if hasattr(self, "sup"):
-                self.sup.hurry()
-            return
-        self.stop_signal = signum
-        self.stderr.write(f"{signal.Signals(signum).name}: stopping (again to stop at once)")
+        # Only flags here: the main thread may be inside a write to the same stream.
+        if self.stop_signal and hasattr(self, "sup"):
+            self.sup.hurry()  # a second Ctrl-C: kill what is left at once
+        self.stop_signal = self.stop_signal or signum
 
     def _on_event(self, child: Child, event: str) -> None:
         pool = pool_of(child.name)
@@ -221,6 +218,9 @@ class Command(BaseCommand):
                             restarts=max(0, child.starts - 1))
 
     def _stop_all(self, pools: list[str]) -> None:
+        if self.stop_signal:
+            self.stderr.write(f"{signal.Signals(self.stop_signal).name}: stopping everything "
+                              "(press Ctrl-C again to kill it all at once)")
         self.sup.stop([
             [worker_name(p) for p in pools],  # drain first, while gateways still relay
             ["gateway"],  # then end what is still open, with a retryable error
