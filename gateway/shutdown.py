@@ -1,4 +1,4 @@
-"""This gateway process is shutting down: what open responses wait on to end themselves.
+"""This gateway process is shutting down: open responses end themselves instead of waiting.
 
 uvicorn's graceful shutdown stops accepting connections and then waits for the open ones to
 finish, up to ``--timeout-graceful-shutdown``, before it cancels them without a word. A stream
@@ -7,43 +7,50 @@ a retryable error event (or a 503 before the first byte) and the end of the resp
 request is cancelled so the worker frees its slot and settles it. uvicorn tells each connection
 through its protocol's ``shutdown()``; ``gateway.httpproto`` calls ``begin()`` from there.
 
-Everything here runs on the server's event loop thread.
+A response subscribes a hook for its lifetime (a set insert: no task per request on the hot
+path); ``begin()`` calls every hook once. Everything here runs on the server's event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
+
+Hook = Callable[[], object]
 
 _began = False
-_waiters: set[asyncio.Future[None]] = set()
+_hooks: set[Hook] = set()
 
 
 def begin() -> None:
-    """Wake every waiter, now and later (idempotent)."""
+    """Call every subscribed hook, once (idempotent)."""
     global _began
+    if _began:
+        return
     _began = True
-    for fut in list(_waiters):
-        if not fut.done():
-            fut.set_result(None)
+    hooks = list(_hooks)
+    _hooks.clear()
+    for hook in hooks:
+        hook()
 
 
 def began() -> bool:
     return _began
 
 
-async def wait() -> None:
-    """Return once shutdown has begun."""
+def subscribe(hook: Hook) -> None:
+    """``hook()`` when shutdown begins (at once if it has)."""
     if _began:
-        return
-    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    _waiters.add(fut)
-    try:
-        await fut
-    finally:
-        _waiters.discard(fut)
+        hook()
+    else:
+        _hooks.add(hook)
+
+
+def unsubscribe(hook: Hook) -> None:
+    _hooks.discard(hook)
 
 
 def reset() -> None:
-    """For tests that run a consumer again in the same process."""
+    """For tests that run consumers again in the same process."""
     global _began
     _began = False
+    _hooks.clear()

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +136,8 @@ def stream_once(url: str, plain: str, body: dict[str, Any]) -> faults.Outcome:
             "POST", url + "/v1/chat/completions", json={**body, "stream": True},
             headers={"Authorization": f"Bearer {plain}"}) as r:
         out.status, out.rid = r.status_code, r.headers.get("x-request-id")
+        if r.status_code != 200:
+            out.error = (json.loads(r.read() or b"{}").get("error") or {}).get("code")
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 data = json.loads(line[6:])
@@ -298,18 +301,29 @@ def test_a_stopping_gateway_ends_open_streams_with_a_retryable_error(redis_clien
         procs.wait_for_worker(redis_client, GOOD, "sv-gw-w1", worker)
         procs.wait_for_http(url + "/healthz", gateway)
         stopped: list[float] = []
+        waiting: list[faults.Outcome] = []
 
         def stop() -> None:
+            # One more, for a pool no worker serves: queued, nothing sent yet.
+            queued = threading.Thread(target=lambda: waiting.append(
+                stream_once(url, plain, {**LONG, "model": BAD_MODEL})))
+            queued.start()
+            procs.wait_until(lambda: redis_client.hlen(key("wfq", BAD, "items")), 10, "queued")
             gateway.signal(signal.SIGTERM)
             stopped.append(time.monotonic())
+            queued.join(10)
 
         outcomes = open_streams(url, plain, 4, LONG, stop)
         # Without this, uvicorn would wait for 2000-token streams (100 s) to finish.
         assert [o.error for o in outcomes] == ["server_shutdown"] * 4, outcomes
         assert max(o.ended - stopped[0] for o in outcomes) < 3.0
+        # Before its first byte, a request gets a 503 the official client retries.
+        assert (waiting[0].status, waiting[0].error) == (503, "server_shutdown")
+        assert waiting[0].ended - stopped[0] < 3.0
         # uvicorn re-raises the signal it caught once it has shut down (-15 is that, not a kill).
         assert gateway.popen.wait(10) in (0, -signal.SIGTERM)
-        settled_once([o.rid for o in outcomes], 10)  # cancelled: the worker freed the slots
+        # Cancelled: the worker freed the slots, the queued one left its queue.
+        settled_once([o.rid for o in [*outcomes, *waiting]], 10)
         procs.wait_until(lambda: not redis_client.scard(key("worker", "sv-gw-w1", "inflight")),
                          10, "the worker idle")
     except BaseException:

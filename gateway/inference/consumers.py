@@ -27,6 +27,7 @@ loopback clients only).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import logging
@@ -93,15 +94,18 @@ class ApiConsumer(AsyncHttpConsumer):
             return  # gone before it finished sending
         handler = asyncio.create_task(self._run(body))
         watcher = asyncio.create_task(self._watch(receive))
-        stopping = asyncio.create_task(shutdown.wait())
-        await asyncio.wait({handler, watcher, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not handler.done():
-            if watcher.done():
+        self._stopping: asyncio.Task[None] | None = None
+        hook = functools.partial(self._stop_soon, handler)
+        shutdown.subscribe(hook)
+        try:
+            await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not handler.done() and self._stopping is None:
                 await self._client_gone(handler)
-            else:
-                await self._server_stopping(handler)
+        finally:
+            shutdown.unsubscribe(hook)
+        if self._stopping is not None:
+            await self._stopping  # the cancel reaches Redis before uvicorn finishes shutting down
         watcher.cancel()
-        stopping.cancel()
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         if self.scope["method"] not in self.methods:
@@ -134,6 +138,9 @@ class ApiConsumer(AsyncHttpConsumer):
 
     async def on_disconnect(self) -> None:
         """Called once when the client goes away before the response is complete."""
+
+    def _stop_soon(self, handler: asyncio.Task[None]) -> None:
+        self._stopping = asyncio.get_running_loop().create_task(self._server_stopping(handler))
 
     async def _server_stopping(self, handler: asyncio.Task[None]) -> None:
         """This process is shutting down: end the response now, retryable, and cancel the work.
