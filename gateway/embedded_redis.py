@@ -35,7 +35,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
     except redis.RedisError:
@@ -67,7 +67,7 @@ def ensure_embedded_redis(var_dir: Path) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two processes starting at once start one server
         if port_file.exists():
             url = f"redis://127.0.0.1:{port_file.read_text().strip()}/0"
-            if _answers(url):
+            if answers(url):
                 return url
         port = _free_port()
         subprocess.run(server_command(var_dir, port, daemonize=True), check=True,
@@ -80,7 +80,7 @@ def ensure_embedded_redis(var_dir: Path) -> str:
 
 def wait_answering(url: str, log_hint: Path | str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while not _answers(url):
+    while not answers(url):
         if time.monotonic() > deadline:
             raise RuntimeError(f"embedded Redis did not start; see {log_hint}")
         time.sleep(0.05)
@@ -98,13 +98,13 @@ def take_over(var_dir: Path) -> int:
     if port_file.exists():
         port = int(port_file.read_text().strip())
         url = f"redis://127.0.0.1:{port}/0"
-        if _answers(url):
+        if answers(url):
             with contextlib.suppress(redis.RedisError):  # SHUTDOWN drops the connection
                 redis.Redis.from_url(url, socket_timeout=5).shutdown(nosave=True)
             deadline = time.monotonic() + 10
-            while _answers(url) and time.monotonic() < deadline:
+            while answers(url) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        if not _answers(url) and _port_free(port):
+        if not answers(url) and _port_free(port):
             return port
     return _free_port()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import redis
 
@@ -28,8 +29,8 @@ def status_key(pool: str) -> str:
 
 def report(pool: str, *, state: str, pid: int | None, last_exit: str = "", output: str = "",
            restarts: int = 0) -> None:
-    fields = {"state": state, "pid": pid or "", "last_exit": last_exit, "output": output,
-              "restarts": restarts, "at": f"{time.time():.3f}"}
+    fields: dict[Any, Any] = {"state": state, "pid": pid or "", "last_exit": last_exit,
+                              "output": output, "restarts": restarts, "at": f"{time.time():.3f}"}
     try:
         pipe = get_redis().pipeline()
         pipe.hset(status_key(pool), mapping=fields)
@@ -52,4 +53,8 @@ def read(pool: str) -> dict[str, str] | None:
         raw = get_redis().hgetall(status_key(pool))
     except redis.RedisError:
         return None
-    return {k.decode(): v.decode(errors="replace") for k, v in raw.items()} or None
+    return {_text(k): _text(v) for k, v in raw.items()} or None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -60,15 +60,15 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         with contextlib.ExitStack() as cleanup:
-            url = self._redis(cleanup)
-            self._run(url, options, cleanup)
+            url, redis_spec = self._redis(cleanup)
+            self._run(url, redis_spec, options, cleanup)
 
     # -- Redis --------------------------------------------------------------------------------
 
-    def _redis(self, cleanup: contextlib.ExitStack) -> str:
-        """The Redis URL every child gets; the embedded server is started as a child first."""
+    def _redis(self, cleanup: contextlib.ExitStack) -> tuple[str, ChildSpec | None]:
+        """The Redis URL every child gets, and the embedded server's child when it is ours."""
         if settings.REDIS_URL:
-            return str(settings.REDIS_URL)
+            return str(settings.REDIS_URL), None
         from gateway import embedded_redis
 
         var = settings.VAR_DIR
@@ -77,20 +77,19 @@ class Command(BaseCommand):
         url = f"redis://127.0.0.1:{port}/0"
         spec = ChildSpec("redis", embedded_redis.server_command(var, port, daemonize=False),
                          stop_timeout_s=REDIS_STOP_S,
-                         ready=lambda _pid: embedded_redis._answers(url))
-        self.redis_spec = spec
+                         ready=lambda _pid: embedded_redis.answers(url))
         cleanup.callback(embedded_redis.forget, var, port)
-        return url
+        return url, spec
 
     # -- the children -------------------------------------------------------------------------
 
-    def _run(self, url: str, options: dict[str, Any], cleanup: contextlib.ExitStack) -> None:
+    def _run(self, url: str, redis_spec: ChildSpec | None, options: dict[str, Any],
+             cleanup: contextlib.ExitStack) -> None:
         from tenants.models import Pool
 
         env = {**os.environ, "REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
         pools = list(Pool.objects.filter(enabled=True).order_by("name")
                      .values_list("name", flat=True))
-        redis_spec: ChildSpec | None = getattr(self, "redis_spec", None)
         specs = ([redis_spec] if redis_spec else []) + self._specs(env, pools, options)
         self.sup = Supervisor(specs, listener=self._on_event)
         cleanup.callback(self._stop_all, pools)
@@ -250,7 +249,8 @@ def _registered(pool: str) -> Callable[[int], bool]:
 
     def check(pid: int) -> bool:
         marker = f"-{pid}-"
-        return any(marker in m.decode() for m in get_redis().zrange(key("workers", pool), 0, -1))
+        members: list[bytes] = get_redis().zrange(key("workers", pool), 0, -1)  # type: ignore[assignment]
+        return any(marker in m.decode() for m in members)
 
     return check
 
