@@ -33,10 +33,6 @@ def begin() -> None:
         hook()
 
 
-def began() -> bool:
-    return _began
-
-
 def subscribe(hook: Hook) -> None:
     """``hook()`` when shutdown begins (at once if it has)."""
     if _began:
@@ -48,9 +44,3 @@ def subscribe(hook: Hook) -> None:
 def unsubscribe(hook: Hook) -> None:
     _hooks.discard(hook)
 
-
-def reset() -> None:
-    """For tests that run consumers again in the same process."""
-    global _began
-    _began = False
-    _hooks.clear()
