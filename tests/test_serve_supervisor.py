@@ -385,8 +385,12 @@ def test_ctrl_c_under_load_ends_every_stream_and_leaves_nothing_running(tmp_path
         outcomes, _ = faults.stream_many(url, plain, body, 6, during=ctrl_c, timeout=60)
         # Each client got an error event it may retry (the drain ended its sequence), none hung.
         assert all(o.error in faults.RETRYABLE for o in outcomes), [o.error for o in outcomes]
-        assert max(o.ended - stopped[0] for o in outcomes) < 1 + 2 + 5
+        ended = max(o.ended - stopped[0] for o in outcomes)
+        assert ended < 1 + 2 + 5
         assert serve.popen.wait(30) == 0, serve.logs()[-4000:]
+        errors = sorted({str(o.error) for o in outcomes})
+        print(f"Ctrl-C: streams ended within {ended:.2f} s, serve exited after "
+              f"{time.monotonic() - stopped[0]:.2f} s; errors {errors}")
         procs.wait_until(lambda: not any(alive(p) for p in everything), 5,
                          "every process serve started to be gone")
         with pytest.raises(httpx.HTTPError):
