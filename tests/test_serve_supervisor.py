@@ -223,23 +223,36 @@ def test_a_killed_pool_worker_ends_its_streams_with_worker_lost_and_comes_back(l
     old = child_pid(serve, f"--engine-pool {GOOD}")
     killed: list[float] = []
     queued: list[faults.Outcome] = []
+    # Sent while no worker runs: it waits in the queue for the restarted one.
+    waiter = threading.Thread(target=lambda: queued.append(stream_once(url, plain, SHORT)))
 
     def kill() -> None:
         os.kill(old, signal.SIGKILL)
         killed.append(time.monotonic())
-        # Sent while no worker runs: it waits in the queue for the restarted one.
-        queued.append(stream_once(url, plain, SHORT))
+        waiter.start()
 
-    outcomes = open_streams(url, plain, 8, LONG, kill)
+    # Its restarts fail too while the pool has a bad setting, so no pool worker's own janitor
+    # runs: the lost streams must be ended by the housekeeping worker that serve keeps running.
+    Pool.objects.filter(name=GOOD).update(backend_settings={**SLOW, "warp_drive": 9})
+    try:
+        outcomes = open_streams(url, plain, 8, LONG, kill)
+    finally:
+        Pool.objects.filter(name=GOOD).update(backend_settings=SLOW)  # the fix, picked up
     assert [o.error for o in outcomes] == ["worker_lost"] * 8, [o.error for o in outcomes]
     bound = DEAD_AFTER + JANITOR_S + 3.0  # + slack for a loaded machine
     assert max(o.ended - killed[0] for o in outcomes) < bound
-    assert queued[0].ok, queued[0]
     new = restarted(serve, f"--engine-pool {GOOD}", old)
-    procs.wait_until(lambda: worker_registered(new), 60, "the new worker", serve)
+    procs.wait_until(lambda: worker_registered(child_pid(serve, f"--engine-pool {GOOD}")), 90,
+                     "a worker serving the pool again", serve)
+    waiter.join(90)
+    assert queued[0].ok, queued[0]
     completes(url, plain)
     settled_once([o.rid for o in outcomes], 10)
-    assert f"worker[{GOOD}] (pid {old}) exited unexpectedly: killed by SIGKILL" in serve.logs()
+    assert new != old
+    log = serve.logs()
+    assert f"worker[{GOOD}] (pid {old}) exited unexpectedly: killed by SIGKILL" in log
+    # The housekeeping worker's janitor is the one that declared it dead.
+    assert re.search(rf"housekeeping \| .*janitor: {{'dead_workers': \['{GOOD}-\S*-{old}-", log)
 
 
 def test_a_killed_gateway_comes_back_and_its_requests_are_settled(live):
