@@ -41,10 +41,20 @@ app.steps["worker"].add("workers.host:EngineHostStep")
 # Run under `celery beat` (or a worker started with -B). Every task is short, idempotent and
 # takes a lease where it must, so overlapping runs are harmless and a missed run is caught up
 # by the next one.
+JANITOR_EVERY_S = 5.0
+
+
+def janitor_every_s() -> float:
+    """Often enough that a dead worker's streams end within WORKER_DEAD_AFTER_SECONDS and a
+    half; never more often than WORKER_HEARTBEAT_SECONDS."""
+    return max(settings.WORKER_HEARTBEAT_SECONDS,
+               min(JANITOR_EVERY_S, settings.WORKER_DEAD_AFTER_SECONDS / 2))
+
+
 PERIODIC_TASKS: tuple[tuple[str, float, str], ...] = (
     # A backstop: pool workers already sweep, but a pool whose workers all died has nobody
-    # left to sweep it.
-    ("workers.janitor_sweep", 5.0, "janitor sweep"),
+    # left to sweep it (`manage.py serve` runs a housekeeping worker for this).
+    ("workers.janitor_sweep", janitor_every_s(), "janitor sweep"),
     ("metering.flush_usage", 2.0, "flush usage records"),
     ("metering.rollup_usage", 30.0, "roll up usage by hour"),
     ("contentlog.drain", 2.0, "write content log"),
@@ -53,4 +63,5 @@ PERIODIC_TASKS: tuple[tuple[str, float, str], ...] = (
     ("billing.purge_exports", 3600.0, "purge week-old exports"),
 )
 for _task, _every, _label in PERIODIC_TASKS:
-    app.add_periodic_task(_every, app.signature(_task), name=_label)
+    # A run nobody picked up within its period is dropped: the next one does the same work.
+    app.add_periodic_task(_every, app.signature(_task).set(expires=_every), name=_label)

@@ -8,6 +8,10 @@ must complete each request's headers within ``HEADER_READ_TIMEOUT_S`` (env, defa
 connecting or of its previous response, or it is closed. The body has its own deadline
 (``BODY_READ_TIMEOUT_S``, ``gateway.inference.bodylimit``). Run uvicorn with
 ``--http gateway.httpproto:BoundedHttpToolsProtocol`` (``tests/procs.py``, ``manage.py serve``).
+
+The same class tells the application when uvicorn's graceful shutdown begins
+(``gateway.shutdown``), so open streams end with a retryable error instead of holding the
+shutdown until their clients leave.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway import shutdown
 from gateway.env import env_float
 
 HEADER_READ_TIMEOUT_S = env_float("HEADER_READ_TIMEOUT_S", 10.0, minimum=0.1)
@@ -41,6 +46,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_deadline()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        # uvicorn calls this on every open connection when its graceful shutdown begins.
+        shutdown.begin()
+        super().shutdown()
 
     def _arm_header_deadline(self) -> None:
         self._disarm_header_deadline()

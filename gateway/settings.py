@@ -158,6 +158,12 @@ WORKER_DEAD_AFTER_SECONDS = env_float("WORKER_DEAD_AFTER_SECONDS", 5.0, minimum=
 # Gateway liveness (serving.liveness): a dead gateway's unread requests are cancelled.
 GATEWAY_HEARTBEAT_SECONDS = env_float("GATEWAY_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
 GATEWAY_DEAD_AFTER_SECONDS = env_float("GATEWAY_DEAD_AFTER_SECONDS", 10.0, minimum=0.2)
+# Bounded shutdown (SIGTERM, Ctrl-C under manage.py serve): a pool worker finishes its running
+# sequences for at most this long, then aborts the rest (retryable worker_shutdown); a gateway
+# ends its open streams at once with a retryable error, and waits at most this long for
+# responses still being written (uvicorn's --timeout-graceful-shutdown).
+WORKER_DRAIN_SECONDS = env_float("WORKER_DRAIN_SECONDS", 30.0, minimum=0.0)
+GATEWAY_SHUTDOWN_SECONDS = env_float("GATEWAY_SHUTDOWN_SECONDS", 5.0, minimum=0.0)
 WFQ_INPUT_PRICE = env_float("WFQ_INPUT_PRICE", 1.0, minimum=0.0)
 WFQ_OUTPUT_PRICE = env_float("WFQ_OUTPUT_PRICE", 2.0, minimum=0.0)
 # Slot fairness (serving/lua/wfq/dispatch.lua, ADR 0006): a tenant that enqueued within this many

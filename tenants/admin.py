@@ -19,6 +19,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from tenants.admin_planner import CapacityPlanAdminMixin
+from tenants.admin_worker_status import WorkerStatusAdminMixin
 from tenants.keys import assign_secret
 from tenants.limits import key_cap_errors, quota_errors, quota_table
 from tenants.models import (
@@ -60,7 +61,7 @@ class ServedModelAdmin(admin.ModelAdmin):
 
 
 @admin.register(Pool)
-class PoolAdmin(CapacityPlanAdminMixin, admin.ModelAdmin):
+class PoolAdmin(WorkerStatusAdminMixin, CapacityPlanAdminMixin, admin.ModelAdmin):
     list_display = ["name", "model", "region", "backend", "max_sequences", "kv_cache_tokens",
                     "dedicated_to", "enabled"]
     list_filter = ["enabled", "backend", "region", "model"]

@@ -26,7 +26,7 @@ from infra.redis_conn import key
 from tests import procs
 
 RETRYABLE = {"worker_lost", "service_unavailable", "state_lost", "engine_error",
-             "engine_invalid_output", "worker_shutdown", "unavailable"}
+             "engine_invalid_output", "worker_shutdown", "unavailable", "server_shutdown"}
 
 
 @dataclass

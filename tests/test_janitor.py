@@ -185,3 +185,16 @@ def test_the_celery_task_runs_the_same_sweep(redis_client):
     register(redis_client, "old", age=10)
     assert janitor_sweep() == {"dead_workers": ["old"], "lost_requests": [],
                                "orphaned_requests": [], "expired_requests": []}
+
+
+def test_beat_sweeps_often_enough_to_end_lost_streams_soon_after_dead_after(settings):
+    from gateway.celery import janitor_every_s
+
+    settings.WORKER_HEARTBEAT_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS = 1.0, 5.0
+    assert janitor_every_s() == 2.5  # the default: a lost stream ends within 7.5 s
+    settings.WORKER_HEARTBEAT_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS = 0.2, 1.5
+    assert janitor_every_s() == 0.75
+    settings.WORKER_HEARTBEAT_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS = 1.0, 60.0
+    assert janitor_every_s() == 5.0  # never rarer than every 5 s
+    settings.WORKER_HEARTBEAT_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS = 2.0, 1.0
+    assert janitor_every_s() == 2.0  # never more often than workers beat

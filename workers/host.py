@@ -20,8 +20,9 @@ Celery never carries a generation: the worker's Celery consumer only runs short 
 (``workers.tasks``), so a redelivered Celery message cannot re-run anything (ADR 0002).
 
 Warm shutdown (SIGTERM, or Celery's stop): stop dispatching, let the running sequences finish
-(up to ``drain_timeout_s``; what is still running then is aborted and ends with a retryable
-``worker_shutdown`` error, settled with the engine's counts), leave the pool, stop the engine.
+(for at most ``WORKER_DRAIN_SECONDS``; what is still running then is aborted and ends with a
+retryable ``worker_shutdown`` error, settled with the engine's counts), leave the pool, stop
+the engine.
 Requests still queued stay queued for the pool's other workers.
 """
 
@@ -55,7 +56,6 @@ from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
 
 log = logging.getLogger(__name__)
 
-DRAIN_TIMEOUT_S = 600.0
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
 
 
@@ -89,13 +89,14 @@ class EngineHost:
 
     def __init__(self, spec: EngineSpec, engine: Engine, worker_id: str | None = None, *,
                  heartbeat_s: float | None = None, dead_after_s: float | None = None,
-                 drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+                 drain_timeout_s: float | None = None) -> None:
         self.spec = spec
         self.engine = engine
         self.worker_id = worker_id or new_worker_id(spec.name)
         self.heartbeat_s = heartbeat_s or settings.WORKER_HEARTBEAT_SECONDS
         self.dead_after_s = dead_after_s or settings.WORKER_DEAD_AFTER_SECONDS
-        self.drain_timeout_s = drain_timeout_s
+        self.drain_timeout_s = (settings.WORKER_DRAIN_SECONDS if drain_timeout_s is None
+                                else drain_timeout_s)
         self.running: dict[str, _Running] = {}
         # Derived from running, kept as it changes (_start, _freed) rather than recounted on
         # every dispatch: this worker's sequences per tenant (slot fairness) and reserved KV.

@@ -27,6 +27,7 @@ loopback clients only).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import logging
@@ -39,6 +40,7 @@ import redis
 from asgiref.sync import sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 
+from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
 from gateway.env import env_float, env_str
 from gateway.inference import facade, idempotency, overload, sse
@@ -92,9 +94,17 @@ class ApiConsumer(AsyncHttpConsumer):
             return  # gone before it finished sending
         handler = asyncio.create_task(self._run(body))
         watcher = asyncio.create_task(self._watch(receive))
-        await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not handler.done():
-            await self._client_gone(handler)
+        self._stopping: asyncio.Task[None] | None = None
+        hook = functools.partial(self._stop_soon, handler)
+        shutdown.subscribe(hook)
+        try:
+            await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not handler.done() and self._stopping is None:
+                await self._client_gone(handler)
+        finally:
+            shutdown.unsubscribe(hook)
+        if self._stopping is not None:
+            await self._stopping  # the cancel reaches Redis before uvicorn finishes shutting down
         watcher.cancel()
 
     async def _read_body(self, receive: Receive) -> bytes | None:
@@ -128,6 +138,32 @@ class ApiConsumer(AsyncHttpConsumer):
 
     async def on_disconnect(self) -> None:
         """Called once when the client goes away before the response is complete."""
+
+    def _stop_soon(self, handler: asyncio.Task[None]) -> None:
+        self._stopping = asyncio.get_running_loop().create_task(self._server_stopping(handler))
+
+    async def _server_stopping(self, handler: asyncio.Task[None]) -> None:
+        """This process is shutting down: end the response now, retryable, and cancel the work.
+
+        A 503 with Retry-After if nothing was sent yet (the official client retries it), else a
+        last error event; then the request is cancelled like a disconnect, so the worker frees
+        its slot and settles it for the tokens delivered.
+        """
+        await self.send_error(unavailable(
+            "The server is shutting down; retry the request.", retry_after=1,
+            code="server_shutdown"))
+        self.disconnected.set()  # nothing more is written
+        try:
+            self.finish_detached = False  # an idempotent retry cannot wait for this process
+            await self.on_disconnect()
+        except Exception:
+            log.exception("cancelling %s at shutdown failed", self.request_id)
+        try:
+            await asyncio.wait_for(asyncio.shield(handler), CANCEL_GRACE_S)
+        except TimeoutError:
+            handler.cancel()
+        except Exception:
+            pass  # already logged by _run
 
     async def _run(self, body: bytes) -> None:
         try:

@@ -1,39 +1,57 @@
-"""``manage.py serve``: the quick-start launcher (gateway + one pool worker per enabled pool).
+"""``manage.py serve``: the one-command deployment, run under a supervisor.
 
-Resolves Redis first (an empty REDIS_URL starts the embedded server) and hands its address to
-every child, starts uvicorn on ``gateway.asgi:application``, one Celery worker hosting each
-enabled pool's engine (``--engine-pool``) and Celery beat for the periodic tasks, then waits.
-SIGINT/SIGTERM are forwarded to the children (workers drain: they finish running sequences).
-Exits non-zero if a child dies during start-up, or when any child dies later.
+Starts, each as a supervised child (``workers.supervisor``): the embedded Redis when
+``REDIS_URL`` is empty, the gateway (uvicorn on ``gateway.asgi:application``), one Celery worker
+hosting each enabled pool's engine (``--engine-pool``), a housekeeping Celery worker that runs
+the periodic tasks (the janitor, usage flush, rollups, content-log drain) whether or not any
+pool worker is alive, and Celery beat that schedules them.
+
+A child that exits is restarted with backoff and its exit is logged (the pool's admin page
+shows it too, ``tenants.serve_status``); one that keeps exiting is reported as failing and
+retried, while the rest keep serving. Only Ctrl-C or SIGTERM stops everything, in order:
+the pool workers drain (at most ``WORKER_DRAIN_SECONDS``), then the gateways end the streams
+still open with a retryable error (at most ``GATEWAY_SHUTDOWN_SECONDS``), then beat and the
+housekeeper, then Redis. A second Ctrl-C kills what is left at once. Why a supervisor of our own
+and this order: docs/adr/0008-serve-supervisor.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import math
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from infra import embedded_redis
 from infra.redis_conn import get_redis, key, redis_url
+from tenants import serve_status
 from tenants.demo import try_it
 from tenants.models import Pool
+from workers.supervisor import Child, ChildSpec, State, Supervisor
 
 STARTUP_TIMEOUT_S = 60.0
+HOUSEKEEPING_STOP_S = 15.0
+REDIS_STOP_S = 5.0
 
 
 class Command(BaseCommand):
-    help = "Run the gateway (uvicorn) and one Celery worker per enabled pool, in the foreground."
+    help = ("Run the gateway (uvicorn), one Celery worker per enabled pool, the housekeeping "
+            "worker and beat, in the foreground, restarting any that exits.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--no-beat", action="store_true", help="Do not start Celery beat.")
+        parser.add_argument("--no-beat", action="store_true",
+                            help="Do not start Celery beat (nor the housekeeping worker).")
         parser.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S)
         parser.add_argument(
             "--gateway-processes", type=int, default=1,
@@ -41,113 +59,205 @@ class Command(BaseCommand):
                  "one Redis reader (about one per core left over by Redis and the engines).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        env = {**os.environ, "REDIS_URL": redis_url(), "PYTHONUNBUFFERED": "1"}
-        pools = list(Pool.objects.filter(enabled=True).values_list("name", flat=True))
-        children = self._start(env, pools, options)
-        stopping = {"signal": 0}
+        self.stop_signal = 0
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        with contextlib.ExitStack() as cleanup:
+            url, redis_spec = self._redis(cleanup)
+            self._run(url, redis_spec, options, cleanup)
 
-        def forward(signum: int, _frame: object) -> None:
-            stopping["signal"] = signum
-            for _name, proc in children:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM if signum == signal.SIGTERM else signal.SIGINT)
+    # -- Redis --------------------------------------------------------------------------------
 
-        signal.signal(signal.SIGINT, forward)
-        signal.signal(signal.SIGTERM, forward)
-        try:
-            self._wait_ready(children, options["host"], options["port"],
-                             options["startup_timeout"], stopping)
-        except CommandError:
-            forward(signal.SIGTERM, None)
-            self._reap(children)
-            raise
+    def _redis(self, cleanup: contextlib.ExitStack) -> tuple[str, ChildSpec | None]:
+        """The Redis URL every child gets, and the embedded server's child when it is ours."""
+        if settings.REDIS_URL:
+            return str(settings.REDIS_URL), None
+        var = settings.VAR_DIR
+        cleanup.enter_context(_exclusive(var / "serve.lock"))
+        port = embedded_redis.take_over(var)
+        url = f"redis://127.0.0.1:{port}/0"
+        spec = ChildSpec("redis", embedded_redis.server_command(var, port, daemonize=False),
+                         stop_timeout_s=REDIS_STOP_S,
+                         ready=lambda _pid: embedded_redis.answers(url))
+        cleanup.callback(embedded_redis.forget, var, port)
+        return url, spec
+
+    # -- the children -------------------------------------------------------------------------
+
+    def _run(self, url: str, redis_spec: ChildSpec | None, options: dict[str, Any],
+             cleanup: contextlib.ExitStack) -> None:
+        env = {**os.environ, "REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
+        pools = list(Pool.objects.filter(enabled=True).order_by("name")
+                     .values_list("name", flat=True))
+        specs = ([redis_spec] if redis_spec else []) + self._specs(env, pools, options)
+        self.sup = Supervisor(specs, listener=self._on_event)
+        cleanup.callback(self._stop_all, pools)
+        if redis_spec is not None:
+            self._start_redis(url)
+            if self.stop_signal:
+                return
+        self.sup.start([s.name for s in specs if s is not redis_spec])
+        self._wait_ready(options, pools)
+        if self.stop_signal:
+            return
         base = f"http://{options['host']}:{options['port']}"
+        failing = [p for p in pools if self.sup.children[worker_name(p)].state is not State.RUNNING]
         self.stdout.write(self.style.SUCCESS(
             f"Gateway on {base}  (admin: {base}/admin/, OpenAI API: {base}/v1/)\n"
-            f"Redis: {env['REDIS_URL']}  pools: {', '.join(pools) or '(none enabled)'}\n"
-            "Ctrl-C stops everything (workers finish their running sequences first).\n"
+            f"Redis: {url}  pools: {', '.join(pools) or '(none enabled)'}\n"
+            + (f"Not serving yet (see the log and the pool's admin page): {', '.join(failing)}\n"
+               if failing else "")
+            + "A child that exits is restarted. Ctrl-C stops everything (workers finish their "
+            f"running sequences first, for at most {settings.WORKER_DRAIN_SECONDS:g} s).\n"
             + try_it(base) + "\n(export IGW_KEY=the demo key printed above, or a new one "
             "from `.venv/bin/python manage.py issue_key demo --name mine`)"))
-        code = self._supervise(children, stopping)
-        if code:
-            raise CommandError(f"a child process exited with status {code}", returncode=code)
+        while not self.stop_signal:
+            self.sup.poll()
+            time.sleep(0.1)
 
-    def _start(self, env: dict[str, str], pools: list[str],
-               options: dict[str, Any]) -> list[tuple[str, subprocess.Popen[bytes]]]:
-        py = sys.executable
-        children = [("gateway", subprocess.Popen(
-            [py, "-m", "uvicorn", "gateway.asgi:application", "--host", options["host"],
-             "--port", str(options["port"]),
-             # Deadline on request headers (slow-loris): gateway/httpproto.py.
+    def _specs(self, env: dict[str, str], pools: list[str],
+               options: dict[str, Any]) -> list[ChildSpec]:
+        py, host, port = sys.executable, options["host"], options["port"]
+        level = settings.LOG_LEVEL.lower()
+        grace = math.ceil(settings.GATEWAY_SHUTDOWN_SECONDS)
+        specs = [ChildSpec(
+            "gateway",
+            [py, "-m", "uvicorn", "gateway.asgi:application", "--host", host, "--port", str(port),
+             # Deadline on request headers (slow-loris), and open streams ended at shutdown:
+             # gateway/httpproto.py.
              "--http", "gateway.httpproto:BoundedHttpToolsProtocol",
-             *performance_options(options["gateway_processes"])], env=env))]
+             "--timeout-graceful-shutdown", str(grace),
+             *performance_options(options["gateway_processes"])],
+            env=env, stop_timeout_s=grace + 5.0, ready=lambda _pid: _listening(host, port))]
         for pool in pools:
-            children.append((f"worker[{pool}]", subprocess.Popen(
+            specs.append(ChildSpec(
+                worker_name(pool),
                 [py, "-m", "celery", "-A", "gateway", "worker", "--engine-pool", pool,
-                 "-P", "solo", "-c", "1", "-n", f"{pool}@%h", "-l",
-                 settings.LOG_LEVEL.lower(), "--without-mingle", "--without-gossip"], env=env)))
+                 "-P", "solo", "-c", "1", "-n", f"{pool}@%h", "-l", level,
+                 "--without-mingle", "--without-gossip"],
+                env=env, stop_timeout_s=settings.WORKER_DRAIN_SECONDS + 15.0,
+                ready=_registered(pool)))
         if not options["no_beat"]:
-            schedule = settings.VAR_DIR / "celerybeat-schedule"
+            # Beat only schedules; this worker (no engine) runs what it schedules even when
+            # every pool worker is down, so lost streams still end (janitor) meanwhile.
+            specs.append(ChildSpec(
+                "housekeeping",
+                [py, "-m", "celery", "-A", "gateway", "worker", "-P", "solo", "-c", "1",
+                 "-n", "housekeeping@%h", "-l", level, "--without-mingle", "--without-gossip"],
+                env=env, stop_timeout_s=HOUSEKEEPING_STOP_S))
             settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
-            children.append(("beat", subprocess.Popen(
-                [py, "-m", "celery", "-A", "gateway", "beat", "-s", str(schedule),
-                 "-l", "warning"], env=env)))
-        return children
+            specs.append(ChildSpec(
+                "beat",
+                [py, "-m", "celery", "-A", "gateway", "beat",
+                 "-s", str(settings.VAR_DIR / "celerybeat-schedule"), "-l", "warning"],
+                env=env, stop_timeout_s=HOUSEKEEPING_STOP_S))
+        return specs
 
-    def _wait_ready(self, children: list[tuple[str, subprocess.Popen[bytes]]], host: str,
-                    port: int, timeout: float, stopping: dict[str, int]) -> None:
-        """The gateway port answers and every pool worker has registered in Redis."""
-        deadline = time.monotonic() + timeout
-        listening = False
-        while time.monotonic() < deadline and not stopping["signal"]:
-            for name, proc in children:
-                if proc.poll() is not None:
-                    raise CommandError(f"{name} exited with status {proc.returncode} at start-up",
-                                       returncode=proc.returncode or 1)
-            if not listening:
-                with socket.socket() as sock:
-                    sock.settimeout(0.5)
-                    listening = sock.connect_ex((host, port)) == 0
-            if listening and self._workers_registered(children):
+    def _start_redis(self, url: str) -> None:
+        self.sup.start(["redis"])
+        deadline = time.monotonic() + 15
+        child = self.sup.children["redis"]
+        while child.state is not State.RUNNING and not self.stop_signal:
+            self.sup.poll()
+            if time.monotonic() > deadline:
+                raise CommandError(f"the embedded Redis did not start:\n{child.output()}")
+            time.sleep(0.05)
+        embedded_redis.record(settings.VAR_DIR, int(url.rsplit(":", 1)[1].split("/")[0]))
+        # Resolved (and cached) now that the server answers: later calls must not find it
+        # down during a restart and start a daemonized one of their own.
+        if redis_url() != url:
+            raise CommandError(f"the embedded Redis is not at {url}")
+
+    def _wait_ready(self, options: dict[str, Any], pools: list[str]) -> None:
+        """Until the gateway answers and each pool's worker registered or exited once.
+
+        Only a gateway that never listens stops start-up (nothing could be served: a taken
+        port, say); a pool whose worker cannot start is reported and retried, the others serve.
+        """
+        deadline = time.monotonic() + options["startup_timeout"]
+        gateway = self.sup.children["gateway"]
+        workers = [self.sup.children[worker_name(p)] for p in pools]
+        while not self.stop_signal:
+            self.sup.poll()
+            settled = all(w.state is State.RUNNING or w.crashes for w in workers)
+            if gateway.state is State.RUNNING and settled:
                 return
-            time.sleep(0.2)
-        if stopping["signal"]:
+            if time.monotonic() > deadline:
+                if gateway.state is not State.RUNNING:
+                    raise CommandError(
+                        f"the gateway did not listen on {options['host']}:{options['port']} "
+                        f"in {options['startup_timeout']:g}s ({gateway.last_exit or 'running'})"
+                        f"; its last output:\n{gateway.output()}")
+                return  # slow pool workers keep starting; the banner names them
+            time.sleep(0.1)
+
+    # -- events and stopping ------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        # Only flags here: the main thread may be inside a write to the same stream.
+        if self.stop_signal and hasattr(self, "sup"):
+            self.sup.hurry()  # a second Ctrl-C: kill what is left at once
+        self.stop_signal = self.stop_signal or signum
+
+    def _on_event(self, child: Child, event: str) -> None:
+        pool = pool_of(child.name)
+        if pool is None:
             return
-        if not listening:
-            raise CommandError(f"the gateway did not listen on {host}:{port} in {timeout:g}s")
-        raise CommandError(f"the pool workers did not register in Redis in {timeout:g}s")
+        if event == "stopped":
+            serve_status.clear(pool)
+            return
+        state = "failing" if child.failing else child.state.value
+        serve_status.report(pool, state=state, pid=child.pid, last_exit=child.last_exit,
+                            output=child.output(12) if child.last_exit else "",
+                            restarts=max(0, child.starts - 1))
 
-    def _workers_registered(self, children: list[tuple[str, subprocess.Popen[bytes]]]) -> bool:
-        r = get_redis()
-        for name, _proc in children:
-            if name.startswith("worker[") and not r.zcard(key("workers", name[7:-1])):
-                return False
-        return True
+    def _stop_all(self, pools: list[str]) -> None:
+        if self.stop_signal:
+            self.stderr.write(f"{signal.Signals(self.stop_signal).name}: stopping everything "
+                              "(press Ctrl-C again to kill it all at once)")
+        self.sup.stop([
+            [worker_name(p) for p in pools],  # drain first, while gateways still relay
+            ["gateway"],  # then end what is still open, with a retryable error
+            ["housekeeping", "beat"],
+            ["redis"],
+        ])
+        self.stderr.write("serve: every child has stopped")
 
-    def _supervise(self, children: list[tuple[str, subprocess.Popen[bytes]]],
-                   stopping: dict[str, int]) -> int:
-        while True:
-            for name, proc in children:
-                code = proc.poll()
-                if code is not None and not stopping["signal"]:
-                    self.stderr.write(f"{name} exited with status {code}; stopping the rest")
-                    stopping["signal"] = signal.SIGTERM
-                    for _n, other in children:
-                        if other.poll() is None:
-                            other.send_signal(signal.SIGTERM)
-                    self._reap(children)
-                    return code or 1
-            if stopping["signal"]:
-                self._reap(children)
-                return 0
-            time.sleep(0.2)
 
-    def _reap(self, children: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
-        for _name, proc in children:
-            try:
-                proc.wait(timeout=660)  # workers drain for at most DRAIN_TIMEOUT_S
-            except subprocess.TimeoutExpired:
-                proc.kill()
+def worker_name(pool: str) -> str:
+    return f"worker[{pool}]"
+
+
+def pool_of(name: str) -> str | None:
+    return name[7:-1] if name.startswith("worker[") else None
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _registered(pool: str) -> Callable[[int], bool]:
+    """This process's engine host is in the pool's heartbeat set (ids embed the pid)."""
+    def check(pid: int) -> bool:
+        marker = f"-{pid}-"
+        members: list[bytes] = get_redis().zrange(key("workers", pool), 0, -1)  # type: ignore[assignment]
+        return any(marker in m.decode() for m in members)
+
+    return check
+
+
+@contextlib.contextmanager
+def _exclusive(path: Any) -> Iterator[None]:
+    """One serve per VAR_DIR: it owns that directory's embedded Redis."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CommandError(f"another `manage.py serve` is running with {path.parent}") from None
+        yield
 
 
 def performance_options(processes: int = 1) -> list[str]:
