@@ -1,4 +1,4 @@
-"""Admin for usage records and hourly rollups.
+"""Admin for usage records and hourly rollups: read-only, and never deletable (billing data).
 
 The raw table holds a row per request, so its changelist must never run ``COUNT(*)``:
 ``CappedCountPaginator`` counts at most ``CAP`` rows (a bounded ``LIMIT`` subquery) and the
@@ -30,13 +30,21 @@ class _ReadOnly(admin.ModelAdmin):
     def has_change_permission(self, request: object, obj: object = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False  # statements are built from these rows: they are never deleted by hand
+
+
+class TenantFilter(admin.RelatedFieldListFilter):
+    """Tenants by name (from the tenant table, not a DISTINCT over millions of usage rows)."""
+
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(_ReadOnly):
-    list_display = ("request_id", "tenant_id", "api_key_id", "model_name", "pool_name",
+    list_display = ("request_id", "tenant", "api_key", "model_name", "pool_name",
                     "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "total_ms",
                     "status", "finish_reason", "finished_at")
-    list_filter = ("status", "model_name")
+    list_filter = (("tenant", TenantFilter), "status", "model_name")
+    list_select_related = ("tenant", "api_key")
     search_fields = ("=request_id",)
     ordering = ("-id",)
     paginator = CappedCountPaginator
@@ -46,9 +54,10 @@ class UsageRecordAdmin(_ReadOnly):
 
 @admin.register(UsageRollup)
 class UsageRollupAdmin(_ReadOnly):
-    list_display = ("hour", "tenant_id", "api_key_id", "model_name", "requests", "errors",
+    list_display = ("hour", "tenant", "api_key", "model_name", "requests", "errors",
                     "prompt_tokens", "cached_tokens", "completion_tokens")
-    list_filter = ("model_name",)
+    list_filter = (("tenant", TenantFilter), "model_name")
+    list_select_related = ("tenant", "api_key")
     date_hierarchy = "hour"
     ordering = ("-hour",)
     paginator = CappedCountPaginator
