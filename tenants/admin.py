@@ -159,6 +159,11 @@ def pool_status_html(pool: Pool) -> SafeString:
                        "Read from the workers' heartbeats when this page was loaded.")
 
 
+admin.site.site_header = "Inference gateway administration"
+admin.site.site_title = "Inference gateway"
+admin.site.index_title = "Operations"
+
+
 # --- tenants, with their quotas and keys inline -----------------------------------------------
 
 def require_positive(form: forms.BaseForm, fields: Any) -> None:
@@ -290,11 +295,14 @@ class TenantAdmin(admin.ModelAdmin):
         requests = sum(t.requests for t in totals)
         tokens_in = sum(t.input_tokens for t in totals)
         tokens_out = sum(t.output_tokens for t in totals)
-        spend = ", ".join(format_money(t.amount, t.currency) for t in totals if t.requests)
+        spend = ", ".join(format_money(t.amount, t.currency)
+                          for t in totals if t.requests and t.currency)
+        if any(t.requests and not t.currency for t in totals):
+            spend = f"{spend} + unpriced usage" if spend else "unpriced usage only"
         return format_html(
             '<span id="month-usage">{} requests · {} input tokens · {} output tokens · {}</span>'
-            ' (since {:%Y-%m-%d}, UTC)', f"{requests:,}", f"{tokens_in:,}", f"{tokens_out:,}",
-            spend or "no spend", start)
+            " (since {}, UTC)", f"{requests:,}", f"{tokens_in:,}", f"{tokens_out:,}",
+            spend or "no spend", f"{start:%Y-%m-%d}")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
         live = Q(api_keys__revoked_at__isnull=True)

@@ -5,13 +5,15 @@
   Chart.defaults.font.size = small ? 12 : 13;
   Chart.defaults.font.family = "system-ui, sans-serif";
 
-  function formatter(spec, compact) {
-    const opts = spec.currency
+  // Full values (tooltips) with separators and the currency's digits; axis ticks shortened
+  // (12K, 1.5M) only where they are large enough for that to lose nothing that matters.
+  function formatter(spec, forTicks) {
+    const exact = new Intl.NumberFormat(undefined, spec.currency
       ? { minimumFractionDigits: spec.places, maximumFractionDigits: spec.places }
-      : { maximumFractionDigits: spec.integer ? 0 : 1 };
-    if (compact) Object.assign(opts, { notation: "compact", maximumFractionDigits: 1, minimumFractionDigits: 0 });
-    const nf = new Intl.NumberFormat(undefined, opts);
-    return (v) => nf.format(v) + (spec.currency ? " " + spec.currency : spec.unit && !compact ? " " + spec.unit : "");
+      : { maximumFractionDigits: spec.integer ? 0 : 1 });
+    const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumFractionDigits: 1 });
+    const suffix = spec.currency ? " " + spec.currency : (!forTicks && spec.unit ? " " + spec.unit : "");
+    return (v) => (forTicks && Math.abs(v) >= 10000 ? compact.format(v) : exact.format(v)) + suffix;
   }
 
   function bucketLabel(iso, hourly) {
@@ -55,7 +57,7 @@
           },
         },
         plugins: {
-          legend: { position: "bottom", labels: { boxWidth: 12, usePointStyle: false } },
+          legend: { display: false },  // the list under each chart names the series, with totals
           tooltip: {
             callbacks: {
               label: (ctx) => `${ctx.dataset.label}: ${ctx.parsed.y === null ? "–" : full(ctx.parsed.y)}`,
