@@ -214,3 +214,46 @@ def test_api_docs_load_nothing_from_other_sites(client, world):
         assert not re.findall(r'(?:src|href)="https?://', page), path
         assert "googleapis" not in page
         assert "img-src 'self' data:" in answer["Content-Security-Policy"]
+
+
+def test_pool_live_status_from_heartbeats(redis_client, settings):
+    import time
+
+    from gateway.redis_conn import key
+    from tenants.pool_status import pool_state
+    from workers import wfq
+
+    settings.WORKER_DEAD_AFTER_SECONDS = 5
+    now = time.time()
+    redis_client.zadd(key("workers", "p-live"), {"w-fresh": now - 1, "w-stale": now - 60})
+    for wid, running in (("w-fresh", 3), ("w-stale", 9)):
+        redis_client.hset(key("worker", wid, "load"), mapping={
+            "running": running, "max_running": 8, "kv_tokens_used": 1000,
+            "kv_tokens_total": 4000, "waiting": 1, "draining": 0})
+    wfq.Wfq(redis_client).enqueue("p-live", "7", "req-a", weight=1.0, prompt_tokens=10,
+                                  max_output_tokens=10, kv_tokens=20)
+    state = pool_state("p-live")
+    assert [w.worker_id for w in state.live_workers] == ["w-fresh"]  # the stale one is not
+    assert (state.running, state.max_running, state.kv_percent, state.queued) == (3, 8, 25.0, 1)
+    assert state.queued_by_tenant == {"7": 1}
+
+
+def test_500_page_renders_even_when_the_menu_cannot(rf, world, monkeypatch):
+    from django.contrib.auth.models import AnonymousUser
+
+    from gateway.portal import errors
+
+    from django.contrib.sessions.backends.db import SessionStore
+
+    request = rf.get("/portal/usage/")
+    request.user, request.session = world.users["owner"], SessionStore()
+    page = errors.server_error(request)
+    assert page.status_code == 500 and 'href="/portal/usage/"' in page.content.decode()
+
+    def broken(request):
+        raise RuntimeError("database is down")
+
+    monkeypatch.setattr(errors, "context_processor", broken)
+    request.user = AnonymousUser()
+    page = errors.server_error(request)
+    assert page.status_code == 500 and "Something went wrong" in page.content.decode()
