@@ -240,10 +240,9 @@ def test_pool_live_status_from_heartbeats(redis_client, settings):
 
 def test_500_page_renders_even_when_the_menu_cannot(rf, world, monkeypatch):
     from django.contrib.auth.models import AnonymousUser
+    from django.contrib.sessions.backends.db import SessionStore
 
     from gateway.portal import errors
-
-    from django.contrib.sessions.backends.db import SessionStore
 
     request = rf.get("/portal/usage/")
     request.user, request.session = world.users["owner"], SessionStore()
