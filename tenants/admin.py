@@ -494,7 +494,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
-    list_filter = ["role", "tenant__status", "tenant__tier"]
+    list_filter = ["role", "tenant", "tenant__status", "tenant__tier"]
     search_fields = ["user__username", "user__email", "tenant__slug", "tenant__name"]
     list_select_related = ["user", "tenant"]
     autocomplete_fields = ["user", "tenant"]

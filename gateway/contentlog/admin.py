@@ -82,7 +82,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 class BreakGlassGrantAdmin(ReadOnlyAdmin):
     list_display = ["pk", "tenant", "requested_by", "state", "approved_by", "self_approved",
                     "records_from", "records_until", "access_until"]
-    list_filter = ["state", "self_approved"]
+    list_filter = ["state", "self_approved", "tenant"]
     readonly_fields = [f.name for f in BreakGlassGrant._meta.fields]
     actions = ["approve_selected", "deny_selected"]
 

@@ -11,7 +11,7 @@ class ContentLoggingChangeAdmin(admin.ModelAdmin):
     """The audit trail is append-only: nobody edits or deletes it here."""
 
     list_display = ("changed_at", "tenant", "enabled", "changed_by", "remote_addr")
-    list_filter = ("enabled",)
+    list_filter = ("enabled", "tenant")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -27,7 +27,7 @@ class ContentLoggingChangeAdmin(admin.ModelAdmin):
 class ManagementTokenAdmin(admin.ModelAdmin):
     list_display = ("name", "tenant", "role", "masked", "created_by", "last_used_at",
                     "expires_at", "revoked_at")
-    list_filter = ("role",)
+    list_filter = ("role", "tenant")
     readonly_fields = ("key_hash", "pepper_version", "prefix", "last_four", "created_by",
                        "last_used_at")
 
