@@ -256,3 +256,23 @@ def test_500_page_renders_even_when_the_menu_cannot(rf, world, monkeypatch):
     request.user = AnonymousUser()
     page = errors.server_error(request)
     assert page.status_code == 500 and "Something went wrong" in page.content.decode()
+
+
+def test_charts_fold_small_series_but_never_add_means():
+    from datetime import UTC, datetime
+
+    from gateway.portal.charts import MAX_SERIES, chart
+
+    buckets = [datetime(2026, 12, 1, h, tzinfo=UTC) for h in range(2)]
+    series = {f"key {i}": [float(i), 1.0] for i in range(12)}
+    bars = chart("c", "Tokens", buckets, series)
+    assert len(bars["datasets"]) == MAX_SERIES and bars["datasets"][-1]["label"] == "other"
+    assert sum(d["total"] for d in bars["datasets"]) == sum(sum(v) for v in series.values())
+    assert bars["integer"] and all(isinstance(v, int) for v in bars["datasets"][0]["data"])
+    lines = chart("t", "TTFT", buckets, {k: [v[0], None] for k, v in series.items()},
+                  kind="line", integer=False)
+    assert "other" not in [d["label"] for d in lines["datasets"]]
+    assert lines["datasets"][0]["data"][1] is None  # a gap stays a gap
+    money = chart("s", "Spend", buckets, {"m": [Decimal("0.005"), Decimal("1234.5")]},
+                  currency="USD")
+    assert money["datasets"][0]["data"] == [0.01, 1234.5] and money["places"] == 2

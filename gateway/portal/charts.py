@@ -21,11 +21,14 @@ PALETTE = ("#2563eb", "#f59e0b", "#16a34a", "#dc2626", "#9333ea", "#0891b2", "#d
 MAX_SERIES = 8  # more would be unreadable: the rest are summed into "other"
 
 
-def _top(series: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
-    """The largest series by total, the rest folded into one "other" series."""
+def _top(series: Mapping[str, Sequence[Any]], fold: bool = True) -> dict[str, list[Any]]:
+    """The largest series by total, the rest folded into one "other" series (``fold``: sums;
+    means cannot be added, so a line of means keeps the largest series and drops the rest)."""
     ranked = sorted(series.items(), key=lambda kv: -sum(v or 0 for v in kv[1]))
     if len(ranked) <= MAX_SERIES:
         return {name: list(values) for name, values in ranked}
+    if not fold:
+        return {name: list(values) for name, values in ranked[:MAX_SERIES]}
     kept = dict(ranked[: MAX_SERIES - 1])
     other: list[Any] = [0] * len(ranked[0][1])
     for _, values in ranked[MAX_SERIES - 1:]:
@@ -41,7 +44,7 @@ def chart(
     """One chart: ``kind`` "bar" (stacked) or "line"; money when ``currency`` is set."""
     places = minor_unit(currency) if currency else (0 if integer else 1)
     datasets = []
-    for index, (name, values) in enumerate(_top(series).items()):
+    for index, (name, values) in enumerate(_top(series, fold=kind != "line").items()):
         color = PALETTE[index % len(PALETTE)]
         data = [None if v is None else _number(v, currency, integer) for v in values]
         total = sum((v for v in values if v is not None), Decimal(0) if currency else 0)
