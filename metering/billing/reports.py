@@ -83,7 +83,7 @@ class Report:
     end: datetime
     group_by: tuple[str, ...]
     rows: list[ReportRow]
-    totals: list[ReportRow]  # one per currency ('' = unpriced usage)
+    totals: list[ReportRow]  # one per currency, then unpriced usage ('')
 
     @property
     def columns(self) -> list[str]:
@@ -192,7 +192,9 @@ def _totals(rows: list[ReportRow]) -> list[ReportRow]:
     for currency, total in by_currency.items():
         total.amount = total_amount(
             (r.cost for r in rows if r.currency == currency), currency) if currency else None
-    return [by_currency[c] for c in sorted(by_currency)] or [ReportRow()]
+    # Priced currencies first, the unpriced usage (currency '') last, as a statement reads.
+    order = sorted(by_currency, key=lambda c: (c == "", c))
+    return [by_currency[c] for c in order] or [ReportRow()]
 
 
 # --- files ---------------------------------------------------------------------------------
