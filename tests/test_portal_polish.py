@@ -276,3 +276,39 @@ def test_charts_fold_small_series_but_never_add_means():
     money = chart("s", "Spend", buckets, {"m": [Decimal("0.005"), Decimal("1234.5")]},
                   currency="USD")
     assert money["datasets"][0]["data"] == [0.01, 1234.5] and money["places"] == 2
+
+
+def test_break_glass_read_page_shows_chat_as_text(client, settings):
+    import base64
+
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    from gateway.contentlog import breakglass, crypto, store
+
+    settings.CONTENT_LOG_MASTER_KEYS = "k1:" + base64.b64encode(b"m" * 32).decode()
+    settings.PASSWORD_HASHERS = FAST_HASHERS
+    crypto.reset_keys()
+    try:
+        tenant, now = make_tenant("acme"), timezone.now()
+        chat = [{"role": "system", "content": "Be <brief>."},
+                {"role": "user", "content": [{"type": "text", "text": "Hello there"}]}]
+        store.write_record(tenant.pk, "req-chat", chat, "General Kenobi", now=now)
+        users = []
+        for name, perm in (("reqr", "request_breakglass"), ("appr", "approve_breakglass")):
+            user = get_user_model().objects.create_user(name, f"{name}@x.test", "pw",
+                                                        is_staff=True)
+            user.user_permissions.add(Permission.objects.get(codename=perm))
+            users.append(get_user_model().objects.get(pk=user.pk))
+        grant = breakglass.request_access(
+            users[0], tenant, "Ticket 1: abuse report, reviewing the conversation in full.",
+            now - timedelta(hours=1), now + timedelta(hours=1), timedelta(minutes=30))
+        breakglass.approve(grant, users[1])
+        client.force_login(users[0])
+        page = client.post(f"/breakglass/{grant.pk}/read/").content.decode()
+        assert '<div class="role">user</div><pre>Hello there</pre>' in page
+        assert "Be &lt;brief&gt;." in page and "General Kenobi" in page
+        assert "{&#x27;role&#x27;" not in page and "[{" not in page  # no Python repr
+        assert 'id="header"' in page  # the admin's layout
+    finally:
+        crypto.reset_keys()
