@@ -244,6 +244,7 @@ def test_dashboard_charts_keys_and_reports_on_a_desktop(browser, owner):
     snap(page, "keys")
     # Revoking asks first.
     row.locator("text=Revoke").click()
+    page.wait_for_url(re.compile(r"/revoke/$"))
     assert "cannot be undone" in page.content()
     assert httpx.get(f"{url}/v1/models",
                      headers={"Authorization": f"Bearer {plaintext}"}).status_code == 200
@@ -357,11 +358,13 @@ def test_operator_issues_revokes_and_watches_pools_in_the_admin(browser, owner):
     page.fill("input[name=username]", "operator")
     page.fill("input[name=password]", PASSWORD)
     page.click("input[type=submit]")
+    page.wait_for_url(url + "/admin/")
     page.goto(f"{url}/admin/tenants/tenant/{owner['tenant'].pk}/change/")
     assert "owner" in page.text_content("#tenant-members")
     assert THOUSANDS.search(page.text_content("#month-usage"))
     snap(page, "admin-tenant")
     page.click("#issue-key")
+    page.wait_for_url(re.compile(r"/apikey/add/\?tenant="))
     page.fill("input[name=name]", "operator key")
     page.click("input[name=_save]")
     page.wait_for_url(re.compile(r"/issued/$"))
@@ -374,8 +377,11 @@ def test_operator_issues_revokes_and_watches_pools_in_the_admin(browser, owner):
     # The key's page offers Revoke (after a confirmation), never Delete.
     assert page.locator("a.deletelink", has_text="Delete").count() == 0
     page.click("#revoke-key")
+    page.wait_for_url(re.compile(r"/revoke/$"))
     assert "cannot be undone" in page.content()
     page.click("#confirm-revoke")
+    page.wait_for_url(re.compile(r"/change/$"))
+    assert "revoked" in page.text_content(".messagelist")
     assert ApiKey.objects.get(name="operator key").revoked_at is not None
     # Usage records: names, a tenant filter, and no way to delete them.
     page.goto(url + "/admin/metering/usagerecord/")
@@ -393,13 +399,14 @@ def test_operator_issues_revokes_and_watches_pools_in_the_admin(browser, owner):
     assert "decode_tokens_per_sec" in page.text_content(".errorlist")
     # Break-glass is linked from the admin and styled like it, with date pickers.
     page.click("#breakglass-link")
-    assert urlsplit(page.url).path == "/breakglass/"
+    page.wait_for_url(re.compile(r"/breakglass/$"))
     assert page.locator("#header").count() == 1
     assert page.get_attribute("input[name=records_from]", "type") == "datetime-local"
     snap(page, "admin-breakglass")
     # "View site" is a real page.
     page.goto(url + "/admin/")
     page.click("text=View site")
+    page.wait_for_url(url + "/")
     assert page.locator("h1", has_text="Inference gateway").count() == 1
     page.context.close()
 

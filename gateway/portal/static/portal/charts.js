@@ -13,7 +13,11 @@
       : { maximumFractionDigits: spec.integer ? 0 : 1 });
     const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumFractionDigits: 1 });
     const suffix = spec.currency ? " " + spec.currency : (!forTicks && spec.unit ? " " + spec.unit : "");
-    return (v) => (forTicks && Math.abs(v) >= 10000 ? compact.format(v) : exact.format(v)) + suffix;
+    // One style per axis: compact for every tick once the largest reaches 10,000.
+    return (v, i, ticks) => {
+      const top = ticks ? Math.max(...ticks.map((t) => Math.abs(t.value))) : Math.abs(v);
+      return (forTicks && top >= 10000 ? compact.format(v) : exact.format(v)) + suffix;
+    };
   }
 
   function bucketLabel(iso, hourly) {
@@ -52,7 +56,7 @@
               // Counts never show "0.5 requests": integer steps only; money steps in minor units.
               precision: spec.integer ? 0 : spec.places,
               maxTicksLimit: 6,
-              callback: (v) => tick(v),
+              callback: (v, i, ticks) => tick(v, i, ticks),
             },
           },
         },
