@@ -92,6 +92,9 @@ def test_switching_tenant_keeps_the_page(client, world):
     client.post(reverse("portal:switch"), {"tenant": world.tenant.id})
     answer = client.post(reverse("portal:switch"), {"tenant": world.tenant.id, "next": revoke})
     assert answer["Location"] == reverse("portal:keys")
+    answer = client.post(reverse("portal:switch"), {
+        "tenant": second.id, "next": "/portal/usage/?range=7d%0D%0ALocation:%20x&by=key"})
+    assert answer.status_code == 302 and "\r" not in answer["Location"]
     for hostile in ("https://evil.test/portal/usage/", "//evil.test/", "/admin/"):
         answer = client.post(reverse("portal:switch"), {"tenant": second.id, "next": hostile})
         assert answer["Location"] in (reverse("portal:index"), reverse("portal:usage"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
@@ -75,5 +75,7 @@ def _same_section(request: HttpRequest) -> str:
     capability = next((c for name, _, c, _ in NAV if name == section), None)
     if section is None or membership is None or not roles.can(membership.role, capability or ""):
         return reverse("portal:index")
-    query = urlsplit(request.POST.get("next", "")).query if match.url_name == section else ""
+    # The filters of a list page carry over, re-encoded (never the raw text of the field).
+    raw = urlsplit(request.POST.get("next", "")).query if match.url_name == section else ""
+    query = urlencode(parse_qsl(raw))
     return reverse(f"portal:{section}") + (f"?{query}" if query else "")
