@@ -1,4 +1,4 @@
-.PHONY: install run test lint ci migrations-check bench
+.PHONY: install run test lint ci migrations-check bench screenshots
 
 install:
 	scripts/bootstrap.sh
@@ -17,3 +17,6 @@ migrations-check:
 
 ci:
 	bash .ci/run
+
+screenshots:
+	scripts/screenshots.sh

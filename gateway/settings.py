@@ -213,6 +213,15 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",  # served locally: no CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Offline docs: no validator badge fetched from swagger.io, system fonts instead of Google
+    # Fonts (templates/drf_spectacular/redoc.html drops the font links).
+    "SWAGGER_UI_SETTINGS": {"validatorUrl": None, "deepLinking": True,
+                            "persistAuthorization": True},
+    "REDOC_UI_SETTINGS": {"theme": {"typography": {
+        "fontFamily": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif",
+        "headings": {"fontFamily": "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"},
+        "code": {"fontFamily": "ui-monospace, SFMono-Regular, Menlo, Consolas, monospace"},
+    }}},
     "COMPONENT_SPLIT_REQUEST": True,
     # Error answers (400/401/403/404/...) listed on every operation: gateway/api/schema.py.
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",

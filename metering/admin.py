@@ -1,4 +1,4 @@
-"""Admin for usage records and hourly rollups.
+"""Admin for usage records and hourly rollups: read-only, and never deletable (billing data).
 
 The raw table holds a row per request, so its changelist must never run ``COUNT(*)``:
 ``CappedCountPaginator`` counts at most ``CAP`` rows (a bounded ``LIMIT`` subquery) and the
@@ -30,13 +30,34 @@ class _ReadOnly(admin.ModelAdmin):
     def has_change_permission(self, request: object, obj: object = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False  # statements are built from these rows: they are never deleted by hand
+
+
+class TenantFilter(admin.RelatedFieldListFilter):
+    """Tenants by name (from the tenant table, not a DISTINCT over millions of usage rows)."""
+
+
+def counted(field: str, label: str | None = None):  # type: ignore[no-untyped-def]
+    """A list column showing ``field`` with thousands separators, still sortable."""
+
+    @admin.display(description=label or field.replace("_", " "), ordering=field)
+    def show(obj: object) -> str:
+        value = getattr(obj, field)
+        return "" if value is None else f"{value:,}"
+
+    show.__name__ = f"{field}_display"
+    return show
+
 
 @admin.register(UsageRecord)
 class UsageRecordAdmin(_ReadOnly):
-    list_display = ("request_id", "tenant_id", "api_key_id", "model_name", "pool_name",
-                    "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "total_ms",
+    list_display = ("request_id", "tenant", "api_key", "model_name", "pool_name",
+                    counted("prompt_tokens"), counted("cached_tokens"),
+                    counted("completion_tokens"), counted("ttft_ms"), counted("total_ms"),
                     "status", "finish_reason", "finished_at")
-    list_filter = ("status", "model_name")
+    list_filter = (("tenant", TenantFilter), "status", "model_name")
+    list_select_related = ("tenant", "api_key")
     search_fields = ("=request_id",)
     ordering = ("-id",)
     paginator = CappedCountPaginator
@@ -46,9 +67,11 @@ class UsageRecordAdmin(_ReadOnly):
 
 @admin.register(UsageRollup)
 class UsageRollupAdmin(_ReadOnly):
-    list_display = ("hour", "tenant_id", "api_key_id", "model_name", "requests", "errors",
-                    "prompt_tokens", "cached_tokens", "completion_tokens")
-    list_filter = ("model_name",)
+    list_display = ("hour", "tenant", "api_key", "model_name", counted("requests"),
+                    counted("errors"), counted("prompt_tokens"), counted("cached_tokens"),
+                    counted("completion_tokens"))
+    list_filter = (("tenant", TenantFilter), "model_name")
+    list_select_related = ("tenant", "api_key")
     date_hierarchy = "hour"
     ordering = ("-hour",)
     paginator = CappedCountPaginator

@@ -1,8 +1,10 @@
 """Django admin for the platform operator: tenants, quotas, keys, members, models and pools.
 
-A key is issued from the API key "add" page. The plaintext is rendered once, in the response to
-that POST (no redirect, so it never passes through the session or a cookie), with
-``Cache-Control: no-store``; afterwards only its prefix and last four characters are shown.
+A key is issued from the API key "add" page (or a tenant's "Issue key" link). The POST parks the
+plaintext in the operator's server-side session and redirects (POST-redirect-GET); the "issued"
+page takes it out of the session as it renders it, with ``Cache-Control: no-store``, so a
+reload shows nothing and never mints a second key. Afterwards only the prefix and last four
+characters are shown. Keys are revoked (after a confirmation), never deleted.
 """
 
 from __future__ import annotations
@@ -11,13 +13,20 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
 from django.core.validators import MinValueValidator
 from django.db.models import Count, Q, QuerySet
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
+from tenants import pool_settings
 from tenants.admin_planner import CapacityPlanAdminMixin
 from tenants.admin_worker_status import WorkerStatusAdminMixin
 from tenants.keys import assign_secret
@@ -34,6 +43,7 @@ from tenants.models import (
     Tenant,
     Tier,
 )
+from tenants.pool_status import pool_state
 
 
 @admin.register(Tier)
@@ -60,14 +70,90 @@ class ServedModelAdmin(admin.ModelAdmin):
         return f"{obj.kv_bytes_per_token / 1024:g}"
 
 
+class PoolForm(forms.ModelForm):
+    """``backend_settings`` checked against the chosen backend's keys before saving, with the
+    engine registry's own rules, so a typo is an error naming the key, not a worker that
+    fails to start."""
+
+    class Meta:
+        model = Pool
+        fields = "__all__"
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        settings_ = cleaned.get("backend_settings")
+        if "backend_settings" in self.errors or cleaned.get("backend") is None:
+            return cleaned
+        if not isinstance(settings_, dict):
+            self.add_error("backend_settings", "Must be a JSON object, e.g. {\"base_url\": …}.")
+            return cleaned
+        try:
+            pool_settings.check(cleaned.get("name") or "this pool", cleaned["backend"], settings_,
+                                cleaned.get("dedicated_to") is not None)
+        except ValueError as exc:
+            self.add_error("backend_settings", str(exc))
+        return cleaned
+
+
 @admin.register(Pool)
 class PoolAdmin(WorkerStatusAdminMixin, CapacityPlanAdminMixin, admin.ModelAdmin):
-    list_display = ["name", "model", "region", "backend", "max_sequences", "kv_cache_tokens",
-                    "dedicated_to", "enabled"]
+    form = PoolForm
+    list_display = ["name", "model", "region", "backend", "live", "max_sequences",
+                    "kv_cache_tokens", "dedicated_to", "enabled"]
     list_filter = ["enabled", "backend", "region", "model"]
     search_fields = ["name", "model__name", "region", "dedicated_to__slug"]
     list_select_related = ["model", "dedicated_to"]
     autocomplete_fields = ["dedicated_to"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_readonly_fields(request, obj), "live_status"]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = [(name, {**opts, "fields": [f for f in opts["fields"] if f != "live_status"]})
+                     for name, opts in super().get_fieldsets(request, obj)]
+        if obj is None:
+            return fieldsets
+        return [("Live status", {"fields": ["live_status"]}), *fieldsets]
+
+    @admin.display(description="live")
+    def live(self, obj: Pool) -> str:
+        state = pool_state(obj.name)
+        if state is None:
+            return "unknown"
+        return (f"{len(state.live_workers)} workers · {state.running:,} running · "
+                f"{state.queued:,} queued")
+
+    @admin.display(description="now")
+    def live_status(self, obj: Pool) -> SafeString:
+        return pool_status_html(obj)
+
+
+def pool_status_html(pool: Pool) -> SafeString:
+    state = pool_state(pool.name)
+    if state is None:
+        return format_html("<p>{}</p>", "Live status unavailable (Redis did not answer).")
+    summary = format_html(
+        '<p id="pool-live">Workers alive: <strong>{}</strong> · queued requests: <strong>{}'
+        "</strong> · running sequences: <strong>{}</strong> of {} · KV cache: <strong>{}%"
+        "</strong> ({} of {} tokens)</p>",
+        len(state.live_workers), f"{state.queued:,}", f"{state.running:,}",
+        f"{state.max_running:,}", state.kv_percent, f"{state.kv_used:,}", f"{state.kv_total:,}")
+    rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{} s ago</td><td>{}</td><td>{}</td>"
+                            "<td>{}</td></tr>", (
+        (w.worker_id, "alive" if w.alive else "missed heartbeats", w.seconds_since_beat,
+         f"{w.running:,} / {w.max_running:,}", f"{w.waiting:,}",
+         f"{w.kv_tokens_used:,} / {w.kv_tokens_total:,}") for w in state.workers))
+    table = format_html(
+        "<table><thead><tr><th>Worker</th><th>State</th><th>Last heartbeat</th><th>Running</th>"
+        "<th>Waiting in engine</th><th>KV tokens</th></tr></thead><tbody>{}</tbody></table>",
+        rows or format_html('<tr><td colspan="6">{}</td></tr>', "No worker has joined."))
+    return format_html("{}{}<p class=\"help\">{}</p>", summary, table,
+                       "Read from the workers' heartbeats when this page was loaded.")
+
+
+admin.site.site_header = "Inference gateway administration"
+admin.site.site_title = "Inference gateway"
+admin.site.index_title = "Operations"
 
 
 # --- tenants, with their quotas and keys inline -----------------------------------------------
@@ -159,6 +245,36 @@ class TenantAdmin(admin.ModelAdmin):
     list_select_related = ["tier"]
     inlines = [QuotaInline, ApiKeyInline]
     actions = ["suspend_selected", "activate_selected"]
+    # metering.billing.admin adds "This month" (usage and spend) above these.
+    overview = ["issue_key", "members"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_readonly_fields(request, obj), *(self.overview if obj else [])]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = [(name, {**opts, "fields": [f for f in opts["fields"]
+                                                if f not in self.overview]})
+                     for name, opts in super().get_fieldsets(request, obj)]
+        return [("Overview", {"fields": self.overview}), *fieldsets] if obj else fieldsets
+
+    @admin.display(description="API keys")
+    def issue_key(self, obj: Tenant) -> SafeString:
+        add = reverse("admin:tenants_apikey_add") + f"?tenant={obj.pk}"
+        keys = reverse("admin:tenants_apikey_changelist") + f"?tenant__id__exact={obj.pk}"
+        return format_html('<a class="button" id="issue-key" href="{}">Issue key</a> '
+                           '<a href="{}">All keys of this tenant</a>', add, keys)
+
+    @admin.display(description="Members")
+    def members(self, obj: Tenant) -> SafeString:
+        rows = format_html_join("", '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td></tr>', (
+            (reverse("admin:tenants_membership_change", args=[m.pk]), m.user.get_username(),
+             m.user.email, m.get_role_display())
+            for m in obj.memberships.select_related("user").order_by("role", "user__username")))
+        add = reverse("admin:tenants_membership_add") + f"?tenant={obj.pk}"
+        return format_html(
+            '<table id="tenant-members"><thead><tr><th>User</th><th>Email</th><th>Role</th></tr>'
+            '</thead><tbody>{}</tbody></table><p><a href="{}">Add a member</a></p>',
+            rows or format_html('<tr><td colspan="3">{}</td></tr>', "No members yet."), add)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
         live = Q(api_keys__revoked_at__isnull=True)
@@ -184,6 +300,8 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 # --- API keys ------------------------------------------------------------------------------
+
+ISSUED_SESSION_KEY = "admin_issued_key"
 
 class KeyStateFilter(admin.SimpleListFilter):
     title = "state"
@@ -232,9 +350,10 @@ class ApiKeyForm(forms.ModelForm):
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     form = ApiKeyForm
+    change_form_template = "admin/tenants/apikey/change_form.html"
     list_display = ["masked_key", "name", "tenant", "created_at", "last_used_at", "expires_at",
                     "state"]
-    list_filter = [KeyStateFilter, "tenant__status", "tenant__tier", "created_at"]
+    list_filter = [KeyStateFilter, "tenant", "tenant__status", "tenant__tier", "created_at"]
     search_fields = ["name", "prefix", "tenant__slug", "tenant__name"]
     list_select_related = ["tenant"]
     autocomplete_fields = ["tenant"]
@@ -272,35 +391,83 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return "revoked"
         return "active" if obj.is_usable() else "expired"
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a key is revoked, never deleted: its usage and audit trail point at it
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("<int:pk>/issued/", wrap(self.issued_view), name="tenants_apikey_issued"),
+            path("<int:pk>/revoke/", wrap(self.revoke_view), name="tenants_apikey_revoke"),
+            *super().get_urls(),
+        ]
+
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if not change:
-            # Held on the request only, for the one response that shows it.
-            request._issued_plaintext = assign_secret(obj)  # type: ignore[attr-defined]
             obj.created_by = request.user  # type: ignore[assignment]
+            plaintext = assign_secret(obj)
+            super().save_model(request, obj, form, change)
+            # Parked for the one GET that shows it (issued_view), then gone.
+            request.session[ISSUED_SESSION_KEY] = {"pk": obj.pk, "plaintext": plaintext}
+            return
         super().save_model(request, obj, form, change)
 
     def response_add(self, request: HttpRequest, obj: ApiKey, *args: Any) -> HttpResponse:
+        return HttpResponseRedirect(reverse("admin:tenants_apikey_issued", args=[obj.pk]))
+
+    def issued_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        api_key = get_object_or_404(ApiKey.objects.select_related("tenant"), pk=pk)
+        parked = request.session.get(ISSUED_SESSION_KEY) or {}
+        if parked.get("pk") != api_key.pk:
+            self.message_user(request, "That key was shown once and is not shown again.",
+                              messages.WARNING)
+            return redirect("admin:tenants_apikey_change", api_key.pk)
+        del request.session[ISSUED_SESSION_KEY]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "API key issued",
-            "api_key": obj,
-            "plaintext": request._issued_plaintext,  # type: ignore[attr-defined]
+            "api_key": api_key,
+            "plaintext": parked["plaintext"],
         }
         response = TemplateResponse(request, "admin/tenants/apikey/issued.html", context)
         response["Cache-Control"] = "no-store"
         return response
 
-    @admin.action(description="Revoke selected keys")
-    def revoke_selected(self, request: HttpRequest, queryset: ApiKeyQuerySet) -> None:
+    def revoke_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        api_key = get_object_or_404(ApiKey.objects.select_related("tenant"), pk=pk)
+        if not self.has_change_permission(request, api_key):
+            raise PermissionDenied
+        if request.method == "POST":
+            if api_key.revoke():
+                self.message_user(request, f"Key {api_key.masked} revoked: it stops working "
+                                  "within a second, everywhere.", messages.SUCCESS)
+            return redirect("admin:tenants_apikey_change", api_key.pk)
+        return self._confirm_revoke(request, [api_key], single=True)
+
+    def _confirm_revoke(self, request: HttpRequest, keys: list[ApiKey],
+                        single: bool = False) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts, "title": "Revoke API keys?", "keys": keys, "single": single,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/tenants/apikey/revoke_confirm.html", context)
+
+    @admin.action(description="Revoke selected keys…", permissions=["change"])
+    def revoke_selected(self, request: HttpRequest,
+                        queryset: ApiKeyQuerySet) -> TemplateResponse | None:
+        if request.POST.get("confirmed") != "yes":  # first ask, listing what will stop working
+            return self._confirm_revoke(request, list(queryset.select_related("tenant")))
         count = queryset.revoke()
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
+        return None
 
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
-    list_filter = ["role", "tenant__status", "tenant__tier"]
+    list_filter = ["role", "tenant", "tenant__status", "tenant__tier"]
     search_fields = ["user__username", "user__email", "tenant__slug", "tenant__name"]
     list_select_related = ["user", "tenant"]
     autocomplete_fields = ["user", "tenant"]

@@ -39,7 +39,7 @@ class StaffGrantAdmin(admin.ModelAdmin):
     form = StaffGrantForm
     list_display = ["user", "tenant", "role", "reason", "granted_by", "created_at", "expires_at",
                     "revoked_at"]
-    list_filter = ["role"]
+    list_filter = ["role", "tenant"]
     list_select_related = ["user", "tenant", "granted_by"]
     search_fields = ["user__username", "tenant__slug", "reason"]
     autocomplete_fields = ["tenant"]
@@ -72,7 +72,7 @@ class ContentLoggingChangeAdmin(admin.ModelAdmin):
     """The audit trail is append-only: nobody edits or deletes it here."""
 
     list_display = ("changed_at", "tenant", "enabled", "changed_by", "remote_addr")
-    list_filter = ("enabled",)
+    list_filter = ("enabled", "tenant")
     list_select_related = ("tenant", "changed_by")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -89,7 +89,7 @@ class ContentLoggingChangeAdmin(admin.ModelAdmin):
 class ManagementTokenAdmin(admin.ModelAdmin):
     list_display = ("name", "tenant", "role", "masked", "created_by", "last_used_at",
                     "expires_at", "revoked_at")
-    list_filter = ("role",)
+    list_filter = ("role", "tenant")
     list_select_related = ("tenant", "created_by")
     readonly_fields = ("key_hash", "pepper_version", "prefix", "last_four", "created_by",
                        "last_used_at")

@@ -75,13 +75,19 @@ def test_issue_key_from_admin_shows_it_once(admin_client, world):
         "tenant": tenant.pk, "name": "ci deploy", "allowed_models": [model.pk],
         "expires_at_0": "", "expires_at_1": "", "output_tpm": "1000",
     })
-    assert response.status_code == 200
+    # POST-redirect-GET: the POST's answer carries no secret; the GET shows it once.
+    assert response.status_code == 302 and not KEY_RE.findall(response.content.decode())
+    issued_url = response["Location"]
+    response = admin_client.get(issued_url)
     assert "no-store" in response["Cache-Control"]
     page = response.content.decode()
     plaintext = KEY_RE.findall(page)
     assert len(set(plaintext)) == 1
     plaintext = plaintext[0]
-    assert "shown only this once" in page
+    assert "shown only this once" in page and 'id="copy-key"' in page
+    reloaded = admin_client.get(issued_url, follow=True).content.decode()
+    assert plaintext not in reloaded and "shown once" in reloaded
+    assert ApiKey.objects.filter(name="ci deploy").count() == 1
 
     issued = ApiKey.objects.get(name="ci deploy")
     assert issued.key_hash == hash_key(plaintext, issued.pepper_version)
@@ -123,9 +129,15 @@ def test_issue_key_with_past_expiry_is_refused(admin_client, world):
 def test_revoke_selected_keys_action(admin_client, world):
     other, other_plain = make_key(world[Tenant], name="other")
     assert authenticate(bearer(world["plaintext"]))  # cached before the revoke
+    asked = admin_client.post(_url(ApiKey, "changelist"), {
+        "action": "revoke_selected", "_selected_action": [world[ApiKey].pk],
+    }).content.decode()
+    assert "cannot be undone" in asked and world[ApiKey].masked in asked
+    world[ApiKey].refresh_from_db()
+    assert world[ApiKey].revoked_at is None  # not before the confirmation
     response = admin_client.post(_url(ApiKey, "changelist"), {
         "action": "revoke_selected", "_selected_action": [world[ApiKey].pk],
-    }, follow=True)
+        "confirmed": "yes"}, follow=True)
     assert "Revoked 1 key" in response.content.decode()
     world[ApiKey].refresh_from_db()
     assert world[ApiKey].revoked_at is not None

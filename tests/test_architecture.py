@@ -54,6 +54,10 @@ PENDING_LOCAL_IMPORTS: set[tuple[str, str]] = set()
 ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("tenants.apps", "tenants.signals"):
         "Django connects signal receivers in AppConfig.ready(), after the registry is loaded",
+    ("workers.apps", "serving.wfq"):
+        "the pool status page's queue reader is registered in AppConfig.ready()",
+    ("workers.apps", "workers.engine.registry"):
+        "the Pool admin's settings check is registered in AppConfig.ready(), after the registry",
     ("gateway.portal.apps", "gateway.portal.views.invitations"):
         "the sign-in receiver is connected in AppConfig.ready(), after the registry is loaded",
     ("gateway.portal.views.home", "gateway.sso"):

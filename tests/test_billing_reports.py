@@ -115,13 +115,20 @@ def test_grouping_does_not_change_the_totals(usage):
 def test_csv_and_xlsx_carry_the_same_figures_and_a_totals_row(usage):
     _, start, end = usage
     report = reports.build_report(start, end)
-    rows = list(csv.reader(io.StringIO("".join(reports.csv_lines(report)))))
+    text = "".join(reports.csv_lines(report))
+    assert text.startswith("\ufeff")  # the BOM Excel needs to read UTF-8
+    rows = list(csv.reader(io.StringIO(text.removeprefix("\ufeff"))))
     assert rows[0] == report.columns
     body, totals = rows[1:len(report.rows) + 1], rows[len(report.rows) + 1:]
     assert [t[0] for t in totals] == ["TOTAL"] * len(report.totals)
-    usd = next(t for t in totals if t[-1] == "USD")
-    assert Decimal(usd[-2]) == sum(Decimal(r[-2]) for r in body if r[-1] == "USD")
-    assert int(usd[3]) == sum(int(r[3]) for r in body if r[-1] == "USD")
+    cost, currency = report.columns.index("cost"), report.columns.index("currency")
+    usd = next(t for t in totals if t[currency] == "USD")
+    # One rounding rule: each row to the cent, and the total is the sum of the printed rows.
+    assert Decimal(usd[cost]) == sum(Decimal(r[cost]) for r in body if r[currency] == "USD")
+    assert all(len(r[cost].split(".")[1]) == 2 for r in body if r[currency] == "USD")
+    assert int(usd[3]) == sum(int(r[3]) for r in body if r[currency] == "USD")
+    unpriced = [r for r in body if r[currency] == ""]
+    assert unpriced and all(r[cost] == "" and r[-1].startswith("unpriced") for r in unpriced)
 
     buffer = io.BytesIO()
     reports.write_xlsx(report, buffer)

@@ -1,8 +1,15 @@
-"""The portal in real headless Chromium (Debian's ``chromium``, driven by Playwright).
+"""The portal, the admin and the API docs in real headless Chromium (Debian's ``chromium``,
+driven by Playwright), on a 1366 px desktop and a 390 px phone.
 
 One uvicorn gateway and one Celery pool worker with the simulated engine serve the module, so
 the browser talks to the same ASGI app as production: portal pages, static files and the
-streaming inference API on one origin. Kept to two tests: the machine has two shared cores.
+streaming inference API on one origin. Each journey asserts what a user would notice: numbers
+with thousands separators, charts with integer ticks and values on hover, confirmations before
+anything irreversible, a secret never shown twice nor minted twice by a reload, and no page
+wider than the phone.
+
+``PORTAL_SCREENSHOTS=DIR`` keeps a screenshot of each main page (``scripts/screenshots.sh``
+regenerates ``docs/screenshots/`` that way).
 """
 
 from __future__ import annotations
@@ -14,20 +21,27 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from tenants.models import Membership, Pool
+from tenants.models import ApiKey, Membership, Pool
 from tests import procs
 from tests.factories import make_key, make_model, make_tenant
-from tests.test_portal_world import PASSWORD, make_user, record, roll_up, this_hour
+from tests.test_portal_world import PASSWORD, make_user, price, record, roll_up, this_hour
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
 POOL, MODEL, WORKER = "browser-pool", "sim-browser", "browser-w1"
+OTHER_MODEL = "sim-browser-large"
 KEY_RE = re.compile(r"igw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}")
+THOUSANDS = re.compile(r"(?<![\d,])\d{1,3}(,\d{3})+(?![\d,])")
+DESKTOP = {"viewport": {"width": 1366, "height": 900}}
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
+PORTAL_PAGES = ["usage", "keys", "keys/new", "quotas", "playground", "reports", "alerts",
+                "content-logging", "members", "tokens"]
 
 pytestmark = [
     pytest.mark.integration,
@@ -84,24 +98,43 @@ def browser(system: dict[str, Any]) -> Iterator[Any]:
 
 @pytest.fixture
 def owner(system, redis_client) -> dict[str, Any]:
+    """Tenant acme with an owner, a priced and an unpriced model, a week of usage in the
+    thousands; the owner is also a plain member of tenant beta."""
     ensure_pool()
     procs.wait_for_worker(redis_client, POOL, WORKER, system["worker"], timeout=10)
-    tenant = make_tenant("acme")
+    tenant, beta = make_tenant("acme"), make_tenant("beta")
     user = make_user("owner")
     Membership.objects.create(user=user, tenant=tenant, role="owner")
-    return {"tenant": tenant, "user": user, "url": system["url"]}
+    Membership.objects.create(user=user, tenant=beta, role="member")
+    busy, _ = make_key(tenant, name="busy key")
+    now = this_hour()
+    price(MODEL, now - timedelta(days=40), "0.5", "0.05", "1.5")
+    records = [record(tenant, busy, MODEL, now - timedelta(days=d, hours=h),
+                      prompt=12_345 + 1000 * d, completion=2_345)
+               for d in range(6) for h in (1, 5)]
+    records += [record(tenant, busy, OTHER_MODEL, now - timedelta(days=d, hours=2),
+                       prompt=4_000, completion=900) for d in range(3)]
+    roll_up(*records)
+    return {"tenant": tenant, "beta": beta, "user": user, "url": system["url"]}
 
 
 def snap(page: Any, name: str) -> None:
-    """PORTAL_SCREENSHOTS=DIR keeps a screenshot of each step, for reviewing the pages."""
+    """PORTAL_SCREENSHOTS=DIR keeps a screenshot of the page, for the docs and for review."""
     if folder := os.environ.get("PORTAL_SCREENSHOTS"):
-        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True,
+                        animations="disabled")
 
 
-def sign_in(browser: Any, url: str) -> Any:
-    context = browser.new_context(accept_downloads=True)
+def new_page(browser: Any, device: dict[str, Any]) -> Any:
+    context = browser.new_context(accept_downloads=True, device_scale_factor=1,
+                                  timezone_id="Europe/Paris", locale="en-GB", **device)
     context.set_default_timeout(15_000)
-    page = context.new_page()
+    return context.new_page()
+
+
+def sign_in(browser: Any, url: str, device: dict[str, Any] = DESKTOP) -> Any:
+    page = new_page(browser, device)
     page.goto(url + "/portal/login/")
     page.fill("input[name=username]", "owner")
     page.fill("input[name=password]", PASSWORD)
@@ -110,71 +143,290 @@ def sign_in(browser: Any, url: str) -> Any:
     return page
 
 
-def test_owner_creates_revokes_sees_usage_and_downloads_a_report(browser, owner):
-    url, tenant = owner["url"], owner["tenant"]
-    other_key, _ = make_key(tenant, name="busy key")
-    now = this_hour()
-    roll_up(*[record(tenant, other_key, MODEL, now - timedelta(hours=h), prompt=100 * (h + 1))
-              for h in range(6)])
-    page = sign_in(browser, url)
+def assert_fits(page: Any) -> None:
+    """Nothing on the page is wider than the window: no sideways scrolling."""
+    width = page.evaluate("document.documentElement.scrollWidth")
+    window = page.evaluate("window.innerWidth")
+    assert width <= window, f"{page.url} is {width} px wide in a {window} px window"
 
-    page.click("text=API keys")
+
+def wait_for_charts(page: Any) -> None:
+    page.wait_for_function(
+        "[...document.querySelectorAll('figure.chart canvas')].every(c => Chart.getChart(c))")
+
+
+def chart_state(page: Any, canvas_id: str) -> dict[str, Any]:
+    return page.evaluate("""(id) => {
+        const chart = Chart.getChart(document.getElementById(id));
+        return {ticks: chart.scales.y.ticks.map(t => t.value),
+                labels: chart.scales.y.ticks.map(t => t.label),
+                font: Chart.defaults.font.size, width: chart.width};
+    }""", canvas_id)
+
+
+def hover_first_bar(page: Any, canvas_id: str) -> list[str]:
+    """Move the mouse onto the tallest bar; return the tooltip's lines."""
+    page.locator(f"#{canvas_id}").scroll_into_view_if_needed()
+    point = page.evaluate("""(id) => {
+        const canvas = document.getElementById(id), chart = Chart.getChart(canvas);
+        const meta = chart.getDatasetMeta(0);
+        let best = 0;
+        meta.data.forEach((bar, i) => { if (chart.data.datasets[0].data[i] >
+                                          chart.data.datasets[0].data[best]) best = i; });
+        const box = canvas.getBoundingClientRect(), bar = meta.data[best];
+        return {x: box.left + bar.x, y: box.top + (bar.y + bar.base) / 2};
+    }""", canvas_id)
+    page.mouse.move(point["x"], point["y"])
+    page.wait_for_function("""(id) => Chart.getChart(document.getElementById(id))
+                                .tooltip.opacity > 0""", arg=canvas_id)
+    return page.evaluate("""(id) => {
+        const tip = Chart.getChart(document.getElementById(id)).tooltip;
+        return [...tip.body.flatMap(b => b.lines), ...tip.footer];
+    }""", canvas_id)
+
+
+def test_dashboard_charts_keys_and_reports_on_a_desktop(browser, owner):
+    url = owner["url"]
+    page = sign_in(browser, url)
+    assert page.get_attribute("nav a[aria-current=page]", "href") == "/portal/usage/"
+
+    # Range and grouping live in the query string: a reload or a shared link keeps them.
+    page.select_option("select[name=range]", "7d")
+    page.select_option("select[name=grain]", "day")
+    page.click("form.filters button")
+    page.wait_for_url(re.compile(r"range=7d.*grain=day.*by=model"))
+    page.reload()
+    assert page.input_value("select[name=range]") == "7d"
+    assert page.input_value("select[name=grain]") == "day"
+    wait_for_charts(page)
+    tile = page.text_content("#range-totals .tile:nth-child(2) strong").strip()
+    assert THOUSANDS.fullmatch(tile), tile  # input tokens: 190,140
+    assert page.text_content("#range-totals").strip().endswith("USD")
+    assert page.locator("#chart-spend-usd").is_visible()  # spend per day
+    assert page.locator("#unpriced-note").is_visible()  # the unpriced model is flagged
+    # Daily bars by model, as wide as the page, integer ticks, values on hover.
+    tokens = chart_state(page, "chart-input-canvas")
+    assert tokens["width"] > 1000
+    assert all(float(t).is_integer() for t in tokens["ticks"])
+    requests = chart_state(page, "chart-requests-canvas")
+    assert all(float(t).is_integer() for t in requests["ticks"]), requests
+    series = page.locator("#chart-input .series-totals li")
+    assert {series.nth(i).get_attribute("data-series") for i in range(series.count())} == {
+        MODEL, OTHER_MODEL}
+    tip = hover_first_bar(page, "chart-input-canvas")
+    assert any(MODEL in line and THOUSANDS.search(line) and "tokens" in line for line in tip), tip
+    money_tip = hover_first_bar(page, "chart-spend-usd-canvas")
+    assert any(re.search(r"\d\.\d{2} USD$", line) for line in money_tip), money_tip
+    snap(page, "usage")
+
+    # Keys: per-key usage and spend; a new key shown once, and a reload mints nothing.
+    page.click("nav >> text=API keys")
+    busy = page.locator("tr", has_text="busy key")
+    assert THOUSANDS.fullmatch(busy.locator("td[data-label=Tokens]").text_content().strip())
+    assert busy.locator("td[data-label=Spend]").text_content().strip().startswith("0.")
     page.click("text=Create a key")
     page.fill("input[name=name]", "browser key")
     page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/portal/keys/new/done/"))
     plaintext = page.text_content("#new-key").strip()
-    snap(page, "key-created")
     assert KEY_RE.fullmatch(plaintext)
     assert "only time it is shown" in page.text_content(".warning")
+    snap(page, "key-created")
     page.click("#copy-key")
     page.wait_for_selector("#copied", state="visible")
-    page.click("text=Back to keys")
-    assert plaintext not in page.content()  # never shown again
+    page.reload()
+    assert plaintext not in page.content() and "shown once" in page.content()
+    assert ApiKey.objects.filter(name="browser key").count() == 1
     row = page.locator("tr", has_text="browser key")
     assert plaintext[:12] in row.text_content()
-
     models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {plaintext}"})
     assert models.status_code == 200
     snap(page, "keys")
+    # Revoking asks first.
     row.locator("text=Revoke").click()
+    page.wait_for_url(re.compile(r"/revoke/$"))
+    assert "cannot be undone" in page.content()
+    assert httpx.get(f"{url}/v1/models",
+                     headers={"Authorization": f"Bearer {plaintext}"}).status_code == 200
     page.click("#confirm-revoke")
     assert "revoked" in page.locator("tr", has_text="browser key").text_content()
     refused = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {plaintext}"})
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
 
-    page.click("text=Usage")
-    page.select_option("select[name=by]", "key")
-    page.click("form.filters button")
-    series = page.locator("#chart-input polyline.series")
-    assert series.count() == 1 and series.get_attribute("data-series").startswith("busy key")
-    assert page.locator("#chart-input svg").is_visible()
-    snap(page, "usage")
-
-    page.click("text=Reports")
+    # Reports: a CSV Excel reads (BOM), and a statement whose rows add up to its total.
+    page.click("nav >> text=Reports")
     page.check("input[name=group_by][value=model]")
     with page.expect_download() as info:
         page.click("#download-report")
-    lines = Path(info.value.path()).read_text().splitlines()
+    raw = Path(info.value.path()).read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbf")
+    lines = raw.decode("utf-8-sig").splitlines()
     assert lines[0].startswith("tenant,key,model,requests")
-    assert lines[-1].startswith("TOTAL,,,6,2100,")
+    assert lines[-1].startswith("TOTAL,,,")
+    assert any("unpriced" in line for line in lines)
+    page.locator("a[href*='statement/?month=']").first.click()
+    cell = page.text_content("#statement td[data-label='Input tokens']").strip()
+    assert THOUSANDS.fullmatch(cell), cell
+    assert "unpriced" in page.text_content("#statement")
+    snap(page, "statement")
     page.context.close()
 
 
-def test_playground_streams_tokens(browser, owner):
-    page = sign_in(browser, owner["url"])
-    page.click("text=Playground")
+def test_every_portal_page_fits_a_phone(browser, owner):
+    page = sign_in(browser, owner["url"], PHONE)
+    for path in PORTAL_PAGES:
+        page.goto(f"{owner['url']}/portal/{path}/")
+        if path == "usage":
+            wait_for_charts(page)
+            state = chart_state(page, "chart-input-canvas")
+            assert state["font"] >= 12 and state["width"] <= 390  # readable, not shrunk
+            snap(page, "phone-usage")
+        assert_fits(page)
+        if path in ("keys", "quotas"):
+            snap(page, f"phone-{path}")
+    # A key made on the phone is not minted again by a reload either.
+    page.goto(f"{owner['url']}/portal/keys/new/")
+    page.fill("input[name=name]", "phone key")
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/done/"))
+    assert_fits(page)
+    page.reload()
+    assert ApiKey.objects.filter(name="phone key").count() == 1
+    assert not KEY_RE.search(page.content())
+    page.context.close()
+
+
+@pytest.mark.parametrize("device", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_playground_streams_with_one_short_lived_key(browser, owner, device):
+    page = sign_in(browser, owner["url"], device)
+    page.click("nav >> text=Playground")
     page.select_option("#pg-model", MODEL)
-    page.click("#pg-mint")
-    page.wait_for_selector("#pg-minted", state="visible")
     page.fill("#pg-max", "40")
-    page.click("#pg-send")
-    page.wait_for_function("document.getElementById('pg-meta').textContent.startsWith('Done')")
+    for _ in range(2):  # no key pasted: the user's playground key, minted once then reused
+        page.click("#pg-send")
+        page.wait_for_function(
+            "document.getElementById('pg-meta').textContent.startsWith('Done')")
     meta = page.text_content("#pg-meta")
-    snap(page, "playground")
-    events = int(re.search(r"(\d+) events", meta).group(1))
-    usage = re.search(r'"completion_tokens":(\d+)', meta)
     assert page.text_content("#pg-output").strip()
     assert re.search(r"finish: (stop|length)", meta)
-    # Streamed: a role chunk, one chunk per token (or engine step), the usage chunk, [DONE].
-    assert usage and events >= 3 + 1, meta
+    events = int(re.search(r"(\d+) events", meta).group(1))
+    assert events >= 3 + 1, meta  # a role chunk, tokens, the usage chunk, [DONE]
+    usage = page.locator("#pg-usage")
+    assert usage.is_visible() and "Completion tokens" in usage.text_content()
+    keys = ApiKey.objects.filter(tenant=owner["tenant"], name="playground · owner")
+    assert keys.count() == 1 and keys.get().expires_at is not None
+    assert page.text_content("#pg-minted").startswith("Using your playground key")
+    assert_fits(page)
+    snap(page, "playground" if device is DESKTOP else "phone-playground")
+    page.context.close()
+
+
+def test_errors_navigation_and_tenant_switch(browser, owner):
+    url = owner["url"]
+    page = sign_in(browser, url)
+    missing = page.goto(url + "/portal/keys/999999/revoke/")
+    assert missing.status == 404 and page.locator("nav a", has_text="Usage").count() == 1
+    assert "Page not found" in page.text_content("h1")
+    page.goto(url + "/no/such/page")
+    assert page.locator("header.top").count() == 1
+    snap(page, "error-404")
+    # Switching tenant keeps the section you are on, where your role there allows it.
+    page.goto(url + "/portal/quotas/")
+    with page.expect_navigation():
+        page.select_option("select[name=tenant]", str(owner["beta"].pk))
+    assert urlsplit(page.url).path == "/portal/quotas/"
+    assert "Beta" in page.text_content("h1")
+    assert page.get_attribute("nav a[aria-current=page]", "href") == "/portal/quotas/"
+    # In beta the user is a member: the reports page answers 403, inside the layout.
+    forbidden = page.goto(url + "/portal/reports/")
+    assert forbidden.status == 403 and "can't open this page" in page.text_content("h1")
+    assert page.locator("nav a", has_text="Playground").count() == 1
+    snap(page, "error-403")
+    # The site's front page and the favicon.
+    page.goto(url + "/")
+    assert page.locator("a.tile", has_text="Portal").count() == 1
+    assert httpx.get(url + "/favicon.ico", follow_redirects=True).headers[
+        "content-type"].startswith("image/svg")
+    page.context.close()
+
+
+def test_operator_issues_revokes_and_watches_pools_in_the_admin(browser, owner):
+    url = owner["url"]
+    make_user("operator", is_staff=True, is_superuser=True)
+    page = new_page(browser, DESKTOP)
+    page.goto(url + "/admin/login/")
+    page.fill("input[name=username]", "operator")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(url + "/admin/")
+    page.goto(f"{url}/admin/tenants/tenant/{owner['tenant'].pk}/change/")
+    assert "owner" in page.text_content("#tenant-members")
+    assert THOUSANDS.search(page.text_content("#month-usage"))
+    snap(page, "admin-tenant")
+    page.click("#issue-key")
+    page.wait_for_url(re.compile(r"/apikey/add/\?tenant="))
+    page.fill("input[name=name]", "operator key")
+    page.click("input[name=_save]")
+    page.wait_for_url(re.compile(r"/issued/$"))
+    plaintext = page.input_value("#issued-key")
+    assert KEY_RE.fullmatch(plaintext) and page.locator("#copy-key").is_visible()
+    snap(page, "admin-key-issued")
+    page.reload()
+    assert plaintext not in page.content() and "shown once" in page.content()
+    assert ApiKey.objects.filter(name="operator key").count() == 1
+    # The key's page offers Revoke (after a confirmation), never Delete.
+    assert page.locator("a.deletelink", has_text="Delete").count() == 0
+    page.click("#revoke-key")
+    page.wait_for_url(re.compile(r"/revoke/$"))
+    assert "cannot be undone" in page.content()
+    page.click("#confirm-revoke")
+    page.wait_for_url(re.compile(r"/change/$"))
+    assert "revoked" in page.text_content(".messagelist")
+    assert ApiKey.objects.get(name="operator key").revoked_at is not None
+    # Usage records: names, a tenant filter, and no way to delete them.
+    page.goto(url + "/admin/metering/usagerecord/")
+    assert "Acme" in page.text_content("#changelist-filter")
+    assert page.locator("select[name=action] option[value=delete_selected]").count() == 0
+    # A pool's page shows its workers and load, live.
+    pool = Pool.objects.get(name=POOL)
+    page.goto(f"{url}/admin/tenants/pool/{pool.pk}/change/")
+    assert re.search(r"Workers alive: 1\b", page.text_content("#pool-live"))
+    assert WORKER in page.content()
+    snap(page, "admin-pool")
+    # Bad backend settings are refused, naming the key.
+    page.fill("textarea[name=backend_settings]", '{"decode_tokens_per_sec": 5}')
+    page.click("input[name=_continue]")
+    assert "decode_tokens_per_sec" in page.text_content(".errorlist")
+    # Break-glass is linked from the admin and styled like it, with date pickers.
+    page.click("#breakglass-link")
+    page.wait_for_url(re.compile(r"/breakglass/$"))
+    assert page.locator("#header").count() == 1
+    assert page.get_attribute("input[name=records_from]", "type") == "datetime-local"
+    snap(page, "admin-breakglass")
+    # "View site" is a real page.
+    page.goto(url + "/admin/")
+    page.click("text=View site")
+    page.wait_for_url(url + "/")
+    assert page.locator("h1", has_text="Inference gateway").count() == 1
+    page.context.close()
+
+
+def test_api_docs_load_nothing_from_other_sites(browser, system):
+    page = new_page(browser, DESKTOP)
+    outside: list[str] = []
+    host = urlsplit(system["url"]).netloc
+
+    def route(r: Any) -> None:
+        if urlsplit(r.request.url).netloc not in (host, ""):
+            outside.append(r.request.url)
+            r.abort()
+        else:
+            r.continue_()
+
+    page.route("**/*", route)
+    page.goto(system["url"] + "/api/redoc/")
+    page.wait_for_selector("text=Inference gateway management API")
+    page.goto(system["url"] + "/api/docs/")
+    page.wait_for_selector(".swagger-ui .info")
+    assert outside == []
     page.context.close()

@@ -81,11 +81,17 @@ def test_switching_tenant(client, world):
 
 def test_created_key_is_shown_once_with_a_warning(client, world):
     signed_in(client, world, "member")
-    response = client.post(reverse("portal:key_create"), {
+    posted = client.post(reverse("portal:key_create"), {
         "name": "from portal", "allowed_models": [world.model.id], "output_tpm": 500})
+    # POST-redirect-GET: the POST's answer holds no secret, so a reload cannot mint another.
+    assert posted.status_code == 302 and not KEY_RE.findall(posted.content.decode())
+    response = client.get(posted["Location"])
     page = response.content.decode()
     [plaintext] = set(KEY_RE.findall(page))
     assert "only time it is shown" in page and response["Cache-Control"] == "no-store"
+    reloaded = client.get(posted["Location"], follow=True).content.decode()
+    assert plaintext not in reloaded and "shown once" in reloaded
+    assert ApiKey.objects.filter(name="from portal").count() == 1
     key = ApiKey.objects.get(name="from portal")
     assert key.output_tpm == 500 and key.created_by == world.users["member"]
     assert authenticate(bearer(plaintext)).key_id == key.id
@@ -118,8 +124,10 @@ def test_revoke_asks_first_then_revokes(client, world):
 def test_rotate_gives_a_new_key_and_a_grace_period(client, world):
     signed_in(client, world, "owner")
     old = world.keys["owner"]
-    response = client.post(reverse("portal:key_rotate", args=[old.id]), {"grace_seconds": 3600})
+    response = client.post(reverse("portal:key_rotate", args=[old.id]), {"grace_seconds": 3600},
+                           follow=True)
     [new_plaintext] = set(KEY_RE.findall(response.content.decode()))
+    assert "keeps working until" in response.content.decode()
     old.refresh_from_db()
     assert old.expires_at is not None
     assert authenticate(bearer(new_plaintext)).key_id != old.id
@@ -132,8 +140,9 @@ def test_usage_page_draws_charts_from_rollups(client, world):
             record(world.tenant, world.keys["member"], "sim-small", now, prompt=10, ttft=300))
     signed_in(client, world, "owner")
     page = client.get(reverse("portal:usage") + "?by=key").content.decode()
-    assert page.count("<svg") == 4 and 'data-series="owner key' in page
+    assert page.count("<canvas") == 5 and 'data-series="owner key' in page
     assert "p50 210 ms" in page  # percentile_cont of 120 and 300
+    assert "1,244" in page  # input tokens of the range, with a thousands separator
     member_page = signed_in(client, world, "member").get(
         reverse("portal:usage") + "?by=key").content.decode()
     assert 'data-series="member key' in member_page and "owner key" not in member_page
@@ -335,7 +344,8 @@ def test_usage_page_lists_this_tenants_429s_by_reason(client, world, redis_clien
     redis_client.hincrby(metrics.rejected_key(), f"{world.other.id}|sim-small|secret-reason", 9)
     page = signed_in(client, world, "billing").get(reverse("portal:usage")).content.decode()
     section = page[page.index('id="rejections"'):]
-    assert "<td>tokens</td><td>3</td>" in section and "<td>concurrency</td><td>1</td>" in section
+    assert '<td>tokens</td><td class="n">3</td>' in section
+    assert '<td>concurrency</td><td class="n">1</td>' in section
     assert "secret-reason" not in page
     member = signed_in(client, world, "member").get(reverse("portal:usage")).content.decode()
     assert 'id="rejections"' not in member

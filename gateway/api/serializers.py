@@ -141,6 +141,10 @@ class ReportRowSerializer(serializers.Serializer):
     cached_input_tokens = serializers.IntegerField()
     output_tokens = serializers.IntegerField()
     cost = serializers.DecimalField(max_digits=30, decimal_places=12, coerce_to_string=True)
+    # Rounded to the currency's minor unit (metering.billing.money); null = unpriced usage.
+    amount = serializers.DecimalField(max_digits=30, decimal_places=6, coerce_to_string=True,
+                                      allow_null=True)
+    priced = serializers.BooleanField()
 
 
 class ReportSerializer(serializers.Serializer):
@@ -165,8 +169,8 @@ class ExportJobSerializer(serializers.ModelSerializer):
 class SpendAlertSerializer(serializers.ModelSerializer):
     class Meta:
         model = SpendAlert
-        fields = ["id", "api_key", "metric", "period", "threshold", "webhook_url", "hard_cap",
-                  "enabled", "last_fired_period", "created_at"]
+        fields = ["id", "api_key", "metric", "period", "threshold", "currency", "webhook_url",
+                  "hard_cap", "enabled", "last_fired_period", "created_at"]
         read_only_fields = ["id", "last_fired_period", "created_at"]
 
     def validate_api_key(self, value: ApiKey | None) -> ApiKey | None:

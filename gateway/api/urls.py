@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter, SimpleRouter
 
 from gateway.api import views
+from gateway.api.offline_docs import same_origin_only
 
 platform = DefaultRouter()
 platform.register("tenants", views.TenantViewSet, basename="tenant")
@@ -37,8 +38,10 @@ app_name = "api"
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
-    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
+    path("docs/", same_origin_only(SpectacularSwaggerView.as_view(url_name="api:schema")),
+         name="docs"),
+    path("redoc/", same_origin_only(SpectacularRedocView.as_view(url_name="api:schema")),
+         name="redoc"),
     path("tenants/<slug:tenant>/", include(scoped.urls)),
     path("", include(platform.urls)),
     # Anything else under /api/ (an id the router's pattern refuses, a typo) answers the same

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 
 from gateway.contentlog import breakglass
 from gateway.contentlog.models import AuditEntry, BreakGlassGrant, ContentRecord, TenantKey
+from tenants.models import Tenant
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -46,11 +47,33 @@ class TenantKeyAdmin(ReadOnlyAdmin):
     readonly_fields = fields
 
 
+class AuditTenantFilter(admin.SimpleListFilter):
+    """Audit rows keep a bare tenant id (they outlive the tenant); filter by its name."""
+
+    title = "tenant"
+    parameter_name = "tenant_id"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(str(pk), name) for pk, name in Tenant.objects.order_by("name")
+                .values_list("pk", "name")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[AuditEntry]) -> Any:
+        return queryset.filter(tenant_id=self.value()) if self.value() else queryset
+
+
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "actor_username", "action", "tenant_id", "grant_id",
+    list_display = ["created_at", "actor_username", "action", "tenant_name", "grant_id",
                     "request_id"]
-    list_filter = ["action"]
+    list_filter = ["action", AuditTenantFilter]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AuditEntry]:
+        name = Tenant.objects.filter(pk=OuterRef("tenant_id")).values("name")[:1]
+        return super().get_queryset(request).annotate(_tenant_name=Subquery(name))
+
+    @admin.display(description="tenant", ordering="tenant_id")
+    def tenant_name(self, obj: AuditEntry) -> str:
+        return getattr(obj, "_tenant_name", None) or f"(deleted tenant #{obj.tenant_id})"
     search_fields = ["actor_username", "request_id"]
     readonly_fields = [f.name for f in AuditEntry._meta.fields]
 
@@ -59,7 +82,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 class BreakGlassGrantAdmin(ReadOnlyAdmin):
     list_display = ["pk", "tenant", "requested_by", "state", "approved_by", "self_approved",
                     "records_from", "records_until", "access_until"]
-    list_filter = ["state", "self_approved"]
+    list_filter = ["state", "self_approved", "tenant"]
     readonly_fields = [f.name for f in BreakGlassGrant._meta.fields]
     actions = ["approve_selected", "deny_selected"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django import forms
+from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
 from django.http import HttpRequest, HttpResponse
@@ -18,16 +19,28 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
 from gateway.contentlog import breakglass
+from gateway.contentlog.display import as_messages
 from gateway.contentlog.models import BreakGlassGrant
 from tenants.models import Tenant
 
 
+class DateTimePicker(forms.DateTimeInput):
+    """The browser's own date-and-time picker (``datetime-local``, read as UTC here)."""
+
+    input_type = "datetime-local"
+
+    def __init__(self) -> None:
+        super().__init__(format="%Y-%m-%dT%H:%M")
+
+
 class RequestForm(forms.Form):
-    tenant = forms.ModelChoiceField(queryset=Tenant.objects.all())
-    justification = forms.CharField(widget=forms.Textarea, min_length=breakglass.MIN_JUSTIFICATION)
-    records_from = forms.DateTimeField()
-    records_until = forms.DateTimeField()
-    duration_minutes = forms.IntegerField(min_value=1, initial=60)
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.order_by("name"))
+    justification = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+                                    min_length=breakglass.MIN_JUSTIFICATION)
+    records_from = forms.DateTimeField(widget=DateTimePicker(), help_text="UTC")
+    records_until = forms.DateTimeField(widget=DateTimePicker(), help_text="UTC")
+    duration_minutes = forms.IntegerField(min_value=1, initial=60,
+                                          label="Access for (minutes)")
 
 
 @staff_member_required
@@ -47,7 +60,9 @@ def index(request: HttpRequest) -> HttpResponse:
         else:
             return redirect("breakglass:index")
     grants = BreakGlassGrant.objects.filter(requested_by=request.user).select_related("tenant")
-    return render(request, "contentlog/index.html", {"form": form, "grants": grants[:50]})
+    return render(request, "contentlog/index.html", {
+        **admin.site.each_context(request), "title": "Break-glass access",
+        "form": form, "grants": grants[:50]})
 
 
 @staff_member_required
@@ -56,11 +71,14 @@ def index(request: HttpRequest) -> HttpResponse:
 @require_POST
 def read(request: HttpRequest, grant_id: int) -> HttpResponse:
     grant = get_object_or_404(BreakGlassGrant, pk=grant_id, requested_by=request.user)
+    context = {**admin.site.each_context(request), "title": f"Grant {grant.pk}", "grant": grant}
     try:
         records = breakglass.read_records(grant, request.user)
     except breakglass.BreakGlassDenied as exc:
-        return render(request, "contentlog/read.html", {"grant": grant, "error": str(exc)},
+        return render(request, "contentlog/read.html", {**context, "error": str(exc)},
                       status=403)
-    response = render(request, "contentlog/read.html", {"grant": grant, "records": records})
+    shown = [{"record": r, "prompt": as_messages(r.prompt), "response": as_messages(r.response)}
+             for r in records]
+    response = render(request, "contentlog/read.html", {**context, "records": shown})
     response["Cache-Control"] = "no-store"
     return response

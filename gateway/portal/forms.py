@@ -96,13 +96,22 @@ class AlertForm(forms.ModelForm):
 
     class Meta:
         model = SpendAlert
-        fields = ["api_key", "metric", "period", "threshold", "webhook_url", "hard_cap"]
+        fields = ["api_key", "metric", "period", "threshold", "currency", "webhook_url",
+                  "hard_cap"]
 
     def __init__(self, *args: Any, tenant: Tenant, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["api_key"].queryset = ApiKey.objects.filter(tenant=tenant).usable()
         self.fields["api_key"].required = False
         self.fields["api_key"].empty_label = "Whole tenant"
+        self.fields["currency"].required = False
+        self.fields["currency"].help_text = "Money alerts: the threshold's currency (ISO code)."
+
+    def clean_currency(self) -> str:
+        value = (self.cleaned_data.get("currency") or "").strip().upper()
+        if value and (len(value) != 3 or not value.isalpha()):
+            raise forms.ValidationError("A three-letter ISO 4217 code, such as USD or EUR.")
+        return value or SpendAlert._meta.get_field("currency").default
 
 
 class TokenForm(forms.Form):

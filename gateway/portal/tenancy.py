@@ -70,12 +70,46 @@ def tenant_view(capability: str) -> Callable[[View], View]:
     return decorate
 
 
+# The navigation: (section's URL name, label, capability, URL names that belong to it). One
+# table drives the menu, the "current page" mark and where a tenant switch lands.
+NAV: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("usage", "Usage", "usage", ()),
+    ("keys", "API keys", "keys", ("key_create", "key_created", "key_revoke", "key_rotate")),
+    ("quotas", "Quotas", "quotas", ()),
+    ("playground", "Playground", "playground", ()),
+    ("reports", "Reports", "reports", ("statement", "export")),
+    ("alerts", "Spend alerts", "alerts", ()),
+    ("content_logging", "Content logging", "content_logging", ()),
+    ("members", "Members", "members", ()),
+    ("tokens", "API tokens", "tokens", ()),
+)
+
+
+def section_of(url_name: str | None) -> str | None:
+    for name, _, _, members in NAV:
+        if url_name == name or url_name in members:
+            return name
+    return None
+
+
+def nav_for(role: str | None, url_name: str | None) -> list[dict[str, Any]]:
+    current = section_of(url_name)
+    return [{"url_name": name, "label": label, "current": name == current}
+            for name, label, capability, _ in NAV if roles.can(role, capability)]
+
+
 def context_processor(request: HttpRequest) -> dict[str, Any]:
     """Navigation for portal templates (registered by the portal's base view helper)."""
     membership = getattr(request, "membership", None)
+    if membership is None and getattr(request, "user", None) is not None \
+            and request.user.is_authenticated:
+        membership = current_membership(request)  # error pages: keep the menu
+    match = getattr(request, "resolver_match", None)
+    role = getattr(membership, "role", None)
     return {
         "membership": membership,
         "tenant": getattr(membership, "tenant", None),
-        "can": roles.capabilities(getattr(membership, "role", None)),
+        "can": roles.capabilities(role),
+        "nav": nav_for(role, match.url_name if match else None) if membership else [],
         "all_memberships": memberships(request.user) if membership else [],
     }

@@ -9,7 +9,7 @@ indexed range scan on (tenant, finished_at) computed inside PostgreSQL.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -20,11 +20,13 @@ from django.utils import timezone
 
 from infra.redis_conn import get_redis
 from metering.billing import reports
+from metering.billing.pricing import PriceBook
 from metering.metrics import rejected_key
 from metering.models import UsageRecord
 from tenants.models import ApiKey, Tenant
 
-RANGES = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+RANGES = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30),
+          "90d": timedelta(days=90)}
 PERCENTILE_WINDOW = timedelta(hours=24)
 
 
@@ -44,6 +46,10 @@ class Series:
     output: dict[str, list[float]]
     ttft_mean: dict[str, list[float | None]]  # None: no request got a token that bucket
     errors: dict[str, list[float]]
+    requests: dict[str, list[float]] = field(default_factory=dict)
+    # Spend per currency, then per series: exact costs summed per bucket (rounded on display).
+    spend: dict[str, dict[str, list[Decimal]]] = field(default_factory=dict)
+    unpriced_tokens: int = 0  # tokens of models with no price in the range: flagged on the page
 
 
 def _buckets(start: datetime, end: datetime, grain: str) -> list[datetime]:
@@ -82,6 +88,7 @@ def series(
         name = names(row[group])
         for target, value in (
             (result.input, row["inp"]), (result.output, row["out"]), (result.errors, row["err"]),
+            (result.requests, row["n"]),
         ):
             target.setdefault(name, [0.0] * len(buckets))[i] += float(value or 0)
         # The mean over requests that completed: the rollup keeps only a TTFT sum, and requests
@@ -89,7 +96,55 @@ def series(
         completed = row["n"] - row["err"]
         ttft = result.ttft_mean.setdefault(name, [None] * len(buckets))
         ttft[i] = row["ttft"] / completed if completed > 0 else ttft[i]
+    _add_spend(result, tenant, start, end, grain=grain, group=group, names=names, key_ids=key_ids)
     return result
+
+
+def _add_spend(result: Series, tenant: Tenant, start: datetime, end: datetime, *, grain: str,
+               group: str, names, key_ids: Sequence[int] | None) -> None:  # type: ignore[no-untyped-def]
+    """Cost each (hour, series, model) at the price of its hour, as reports do, then bucket."""
+    qs = reports.rollups(start, end, tenant=tenant, api_key_ids=key_ids)
+    book = PriceBook(qs.values_list("model_name", flat=True).distinct().order_by())
+    rows = (qs.values("hour", group, "model_name").order_by()
+            .annotate(p=Sum("prompt_tokens"), c=Sum("cached_tokens"), o=Sum("completion_tokens")))
+    index = {b: i for i, b in enumerate(result.buckets)}
+    for row in rows:
+        hour = row["hour"]
+        bucket = hour.replace(hour=0) if grain == "day" else hour
+        i = index.get(bucket)
+        if i is None:
+            continue
+        cost, currency = book.cost(row["model_name"], hour, row["p"], row["c"], row["o"])
+        if not currency:
+            result.unpriced_tokens += row["p"] + row["o"]
+            continue
+        per_series = result.spend.setdefault(currency, {})
+        per_series.setdefault(names(row[group]), [Decimal(0)] * len(result.buckets))[i] += cost
+
+
+@dataclass
+class KeyUsage:
+    requests: int = 0
+    tokens: int = 0
+    spend: dict[str, Decimal] = field(default_factory=dict)  # currency -> rounded amount
+    unpriced: bool = False
+
+
+def per_key(tenant: Tenant, start: datetime, end: datetime,
+            key_ids: Sequence[int] | None = None) -> dict[int | None, KeyUsage]:
+    """Requests, tokens and spend of each key over [start, end), from one grouped report."""
+    report = reports.build_report(start, end, tenant=tenant, group_by=("key",),
+                                  api_key_ids=key_ids)
+    out: dict[int | None, KeyUsage] = {}
+    for row in report.rows:
+        usage = out.setdefault(row.key_id, KeyUsage())
+        usage.requests += row.requests
+        usage.tokens += row.input_tokens + row.output_tokens
+        if row.priced:
+            usage.spend[row.currency] = usage.spend.get(row.currency, Decimal(0)) + row.amount
+        else:
+            usage.unpriced = True
+    return out
 
 
 def _series_names(by: str, tenant: Tenant):  # type: ignore[no-untyped-def]

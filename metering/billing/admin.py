@@ -1,31 +1,107 @@
+"""Billing admin. Prices and what was billed are history: a price can be corrected only before
+it takes effect, and nothing here can be deleted (a deleted price would silently re-cost past
+statements; add a new price from the next hour instead)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
 from django.contrib import admin
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
+from metering.billing.money import format_money
+from metering.billing.reports import build_report
+from tenants.admin import TenantAdmin
+from tenants.models import Tenant
+
+
+class NoDelete(admin.ModelAdmin):
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnly(NoDelete):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
+class PriceAdmin(NoDelete):
     list_display = ("model_name", "effective_from", "currency", "input_per_mtok",
                     "cached_input_per_mtok", "output_per_mtok")
     list_filter = ("currency", "model_name")
 
+    def has_change_permission(self, request: HttpRequest, obj: Price | None = None) -> bool:
+        in_effect = obj is not None and obj.effective_from <= timezone.now()
+        return not in_effect and super().has_change_permission(request, obj)
+
 
 @admin.register(SpendAlert)
 class SpendAlertAdmin(admin.ModelAdmin):
-    list_display = ("tenant", "api_key", "metric", "period", "threshold", "hard_cap", "enabled",
-                    "last_fired_period")
-    list_filter = ("metric", "period", "hard_cap", "enabled")
-    raw_id_fields = ("tenant", "api_key", "created_by")
+    list_display = ("tenant", "api_key", "metric", "period", "threshold_display", "hard_cap",
+                    "enabled", "last_fired_period")
+    list_filter = ("metric", "period", "hard_cap", "enabled", "tenant")
+    list_select_related = ("tenant", "api_key")
+    autocomplete_fields = ("tenant", "api_key")
+    raw_id_fields = ("created_by",)
+
+    @admin.display(description="threshold", ordering="threshold")
+    def threshold_display(self, obj: SpendAlert) -> str:
+        return obj.threshold_text
 
 
 @admin.register(AlertEvent)
-class AlertEventAdmin(admin.ModelAdmin):
-    list_display = ("alert", "period", "value", "emailed", "webhook_status", "suspended",
+class AlertEventAdmin(ReadOnly):
+    list_display = ("alert", "period", "value_display", "emailed", "webhook_status", "suspended",
                     "fired_at")
+    list_filter = ("alert__tenant",)
+    list_select_related = ("alert__tenant", "alert__api_key")
+
+    @admin.display(description="value", ordering="value")
+    def value_display(self, obj: AlertEvent) -> str:
+        return obj.value_text
 
 
 @admin.register(ExportJob)
-class ExportJobAdmin(admin.ModelAdmin):
+class ExportJobAdmin(ReadOnly):
     list_display = ("id", "tenant", "start", "end", "format", "status", "rows_done", "rows_total",
                     "created_at")
-    list_filter = ("status", "format")
+    list_filter = ("status", "format", "tenant")
+    list_select_related = ("tenant",)
+
+
+
+
+class TenantWithUsageAdmin(TenantAdmin):
+    """The tenant page with this month's usage and spend: billing knows prices, tenants don't."""
+
+    overview = ["issue_key", "month_usage", "members"]
+
+    @admin.display(description="This month")
+    def month_usage(self, obj: Tenant) -> SafeString:
+        now = timezone.now()
+        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        totals = build_report(start, now + timedelta(hours=1), tenant=obj, group_by=()).totals
+        requests = sum(t.requests for t in totals)
+        tokens_in = sum(t.input_tokens for t in totals)
+        tokens_out = sum(t.output_tokens for t in totals)
+        spend = ", ".join(format_money(t.amount, t.currency)
+                          for t in totals if t.requests and t.currency)
+        if any(t.requests and not t.currency for t in totals):
+            spend = f"{spend} + unpriced usage" if spend else "unpriced usage only"
+        return format_html(
+            '<span id="month-usage">{} requests · {} input tokens · {} output tokens · {}</span>'
+            " (since {}, UTC)", f"{requests:,}", f"{tokens_in:,}", f"{tokens_out:,}",
+            spend or "no spend", f"{start:%Y-%m-%d}")
+
+
+admin.site.unregister(Tenant)
+admin.site.register(Tenant, TenantWithUsageAdmin)

@@ -47,7 +47,9 @@ def measure(alert: SpendAlert, start: datetime, end: datetime) -> Decimal:
     report = reports.build_report(
         start, end, tenant=alert.tenant, group_by=(), api_key_ids=key_ids
     )
-    return sum((t.cost for t in report.totals), Decimal(0))
+    # Amounts in two currencies are never added: only usage priced in the alert's currency.
+    return sum((t.amount or Decimal(0) for t in report.totals if t.currency == alert.currency),
+               Decimal(0))
 
 
 def check_all(now: datetime | None = None) -> list[AlertEvent]:
@@ -87,10 +89,9 @@ def fire(alert: SpendAlert, period: str, value: Decimal) -> AlertEvent:
 
 def describe(alert: SpendAlert, period: str, value: Decimal, suspended: bool) -> str:
     scope = f"key {alert.api_key.name} ({alert.api_key.masked})" if alert.api_key else "tenant"
-    unit = "tokens" if alert.metric == SpendAlert.Metric.TOKENS else "in cost"
     text = (
-        f"{alert.tenant.name}: {scope} used {value.normalize():f} {unit} in {period}, "
-        f"over the alert threshold of {alert.threshold.normalize():f}."
+        f"{alert.tenant.name}: {scope} used {alert.value_text(value)} in {period}, "
+        f"over the alert threshold of {alert.threshold_text}."
     )
     if suspended:
         text += " The hard cap is on: the key was suspended." if alert.api_key else (
@@ -117,6 +118,7 @@ def _post_webhook(alert: SpendAlert, period: str, value: Decimal, suspended: boo
         "type": "spend_alert", "tenant": alert.tenant.slug, "alert_id": alert.pk,
         "api_key": alert.api_key.prefix if alert.api_key else None, "metric": alert.metric,
         "period": period, "value": str(value), "threshold": str(alert.threshold),
+        "currency": alert.currency if alert.is_money else None,
         "suspended": suspended, "message": describe(alert, period, value, suspended),
     }).encode()
     request = urllib.request.Request(

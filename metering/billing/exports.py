@@ -64,7 +64,7 @@ def run(job_id: int) -> bool:
             with open(path, "wb") as out:
                 reports.write_xlsx(report, out)
         else:
-            with open(path, "w", newline="") as text:
+            with open(path, "w", newline="", encoding="utf-8") as text:
                 reports.write_csv(report, text)
     except Exception as exc:  # recorded for the page; the task itself never retries
         ExportJob.objects.filter(pk=job_id).update(

@@ -15,6 +15,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from metering.billing.money import format_money
 from tenants.models import ApiKey, Tenant
 
 PRICE_DIGITS = {"max_digits": 14, "decimal_places": 6, "validators": [MinValueValidator(0)]}
@@ -131,6 +132,10 @@ class SpendAlert(models.Model):
     threshold = models.DecimalField(
         max_digits=20, decimal_places=6, validators=[MinValueValidator(Decimal("0.000001"))]
     )
+    currency = models.CharField(
+        max_length=3, default="USD",
+        help_text="Money alerts: the currency of the threshold; only usage priced in it counts.",
+    )
     webhook_url = models.URLField(blank=True, help_text="Optional: POSTed a JSON body on firing.")
     hard_cap = models.BooleanField(
         default=False,
@@ -151,7 +156,19 @@ class SpendAlert(models.Model):
 
     def __str__(self) -> str:
         scope = self.api_key.name if self.api_key_id else "tenant"
-        return f"{self.tenant} {scope}: {self.threshold} {self.metric}/{self.period}"
+        return f"{self.tenant} {scope}: {self.threshold_text} per {self.period}"
+
+    @property
+    def is_money(self) -> bool:
+        return self.metric == self.Metric.MONEY
+
+    def value_text(self, value: Decimal) -> str:
+        """``1,234.50 USD`` or ``1,234 tokens``: what an email or a page says."""
+        return format_money(value, self.currency) if self.is_money else f"{value:,.0f} tokens"
+
+    @property
+    def threshold_text(self) -> str:
+        return self.value_text(self.threshold)
 
 
 class AlertEvent(models.Model):
@@ -170,3 +187,7 @@ class AlertEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["alert", "period"], name="one_event_per_alert_period")
         ]
+
+    @property
+    def value_text(self) -> str:
+        return self.alert.value_text(self.value)

@@ -6,6 +6,11 @@ hour in progress; each rollup row is costed at the price in effect at its hour (
 the hour, ``Price.clean``), so the cost equals the sum of every record's own cost exactly.
 Rows are grouped by any of tenant, key and model, and by currency, because amounts in two
 currencies are never added together; the totals come one row per currency.
+
+``cost`` stays exact (it reconciles with the records); ``amount`` is what people read and are
+billed: each row's cost rounded by ``money.round_money``, and a total's amount is the sum of
+its rows' amounts. Usage without a price has no amount (``None``) and is flagged "unpriced" in
+every file, never written as a zero.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import IO
 
 from django.db.models import QuerySet
 
+from metering.billing.cells import safe_row
+from metering.billing.money import UNPRICED, minor_unit, round_money, total_amount
 from metering.billing.pricing import PriceBook
 from metering.models import UsageRollup
 from tenants.models import ApiKey, Tenant
@@ -55,6 +62,12 @@ class ReportRow:
     cached_input_tokens: int = 0
     output_tokens: int = 0
     cost: Decimal = field(default_factory=Decimal)
+    amount: Decimal | None = None  # set by build_report: the rounded, billable figure
+    key_id: int | None = None  # when grouped by key
+
+    @property
+    def priced(self) -> bool:
+        return bool(self.currency)
 
     def add(self, requests: int, prompt: int, cached: int, completion: int, cost: Decimal) -> None:
         self.requests += requests
@@ -70,19 +83,20 @@ class Report:
     end: datetime
     group_by: tuple[str, ...]
     rows: list[ReportRow]
-    totals: list[ReportRow]  # one per currency ('' = unpriced usage)
+    totals: list[ReportRow]  # one per currency, then unpriced usage ('')
 
     @property
     def columns(self) -> list[str]:
         return [*self.group_by, "requests", "input_tokens", "cached_input_tokens",
-                "output_tokens", "cost", "currency"]
+                "output_tokens", "cost", "currency", "note"]
 
     def cells(self, row: ReportRow, label: str | None = None) -> list[object]:
         groups = [getattr(row, g) for g in self.group_by]
         if label is not None:
             groups = [label, *[""] * (len(groups) - 1)] if groups else []
         return [*groups, row.requests, row.input_tokens, row.cached_input_tokens,
-                row.output_tokens, row.cost, row.currency]
+                row.output_tokens, row.amount if row.priced else None, row.currency,
+                "" if row.priced else f"{UNPRICED}: no price for this model at that hour"]
 
     def table(self) -> Iterator[list[object]]:
         """Header, rows, then the totals rows labelled TOTAL."""
@@ -140,6 +154,8 @@ def build_report(
         if progress and done % PROGRESS_EVERY == 0:
             progress(done, total)
     rows = _label(groups, tuple(group_by))
+    for row in rows:
+        row.amount = round_money(row.cost, row.currency) if row.priced else None
     if progress:
         progress(done, total)
     return Report(floor_hour(start), ceil_hour(end), tuple(group_by), rows, _totals(rows))
@@ -160,33 +176,47 @@ def _label(
             row.tenant = tenants.get(tid, f"(deleted tenant #{tid})")
         if "key" in position:
             kid = ident[position["key"]]
+            row.key_id = kid  # type: ignore[assignment]
             row.key = "(no key)" if kid is None else keys.get(kid, f"(deleted key #{kid})")
         if "model" in position:
             row.model = str(ident[position["model"]])
     return sorted(groups.values(), key=lambda r: (r.tenant, r.key, r.model, r.currency))
 
 
-def _totals(rows: Iterable[ReportRow]) -> list[ReportRow]:
+def _totals(rows: list[ReportRow]) -> list[ReportRow]:
     by_currency: dict[str, ReportRow] = {}
     for row in rows:
         total = by_currency.setdefault(row.currency, ReportRow(currency=row.currency))
         total.add(row.requests, row.input_tokens, row.cached_input_tokens, row.output_tokens,
                   row.cost)
-    return [by_currency[c] for c in sorted(by_currency)] or [ReportRow()]
+    for currency, total in by_currency.items():
+        total.amount = total_amount(
+            (r.cost for r in rows if r.currency == currency), currency) if currency else None
+    # Priced currencies first, the unpriced usage (currency '') last, as a statement reads.
+    order = sorted(by_currency, key=lambda c: (c == "", c))
+    return [by_currency[c] for c in order] or [ReportRow()]
 
 
 # --- files ---------------------------------------------------------------------------------
+# Every cell goes through ``cells.safe_row`` (no formulas from key or model names). CSV starts
+# with a UTF-8 byte order mark, without which Excel reads UTF-8 as the local code page.
+
+BOM = "\ufeff"
+INT_FORMAT = "#,##0"
+COLUMN_WIDTHS = {"tenant": 24, "key": 36, "model": 24, "cost": 14, "currency": 9, "note": 44}
+
 
 def _text(value: object) -> object:
     return f"{value:f}" if isinstance(value, Decimal) else value
 
 
 def csv_lines(report: Report) -> Iterator[str]:
-    """The report as CSV, one line at a time (for a streaming response)."""
+    """The report as CSV, one line at a time (for a streaming response), BOM first."""
     buffer = io.StringIO()
+    buffer.write(BOM)
     writer = csv.writer(buffer)
     for cells in report.table():
-        writer.writerow([_text(c) for c in cells])
+        writer.writerow([_text(c) for c in safe_row(cells)])
         yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
@@ -197,27 +227,40 @@ def write_csv(report: Report, out: IO[str]) -> None:
         out.write(line)
 
 
+def _money_format(currency: str) -> str:
+    places = minor_unit(currency) if currency else 2
+    return "#,##0" + ("." + "0" * places if places else "")
+
+
 def write_xlsx(report: Report, out: IO[bytes]) -> None:
+    """Numbers stay numbers, with thousands separators and the currency's decimals; columns
+    are wide enough to read, the header row is frozen, headers and totals are bold."""
     from openpyxl import Workbook
+    from openpyxl.cell import WriteOnlyCell
     from openpyxl.styles import Font
+    from openpyxl.utils import get_column_letter
 
     book = Workbook(write_only=True)
     sheet = book.create_sheet("usage")
+    columns = report.columns
+    for index, name in enumerate(columns, start=1):
+        sheet.column_dimensions[get_column_letter(index)].width = COLUMN_WIDTHS.get(name, 16)
+    sheet.freeze_panes = "A3"
     sheet.append([f"Usage {report.start:%Y-%m-%d %H:00} to {report.end:%Y-%m-%d %H:00} UTC"])
     bold = Font(bold=True)
     n_rows = len(report.rows)
+    all_rows = [*report.rows, *report.totals]
+    cost_at = columns.index("cost")
     for index, cells in enumerate(report.table()):
-        if index == 0 or index > n_rows:  # header and totals in bold
-            sheet.append([_bold_cell(sheet, c, bold) for c in cells])
-        else:
-            sheet.append(cells)
+        row = all_rows[index - 1] if index else None
+        out_cells = []
+        for position, value in enumerate(safe_row(cells)):
+            cell = WriteOnlyCell(sheet, value=value)
+            if row is not None and isinstance(value, int | Decimal):
+                cell.number_format = (_money_format(row.currency) if position == cost_at
+                                      else INT_FORMAT)
+            if index == 0 or index > n_rows:  # header and totals in bold
+                cell.font = bold
+            out_cells.append(cell)
+        sheet.append(out_cells)
     book.save(out)
-
-
-def _bold_cell(sheet: object, value: object, font: object) -> object:
-    from openpyxl.cell import WriteOnlyCell
-
-    cell = WriteOnlyCell(sheet, value=value)  # type: ignore[arg-type]
-    cell.font = font
-    return cell
-

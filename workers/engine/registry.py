@@ -236,3 +236,17 @@ def _upstream(spec: EngineSpec, clock: Any) -> Engine:
             f"{settings.dialect!r}), so its prefix cache would be shared across tenants (I1); "
             "dedicate the pool to one tenant, or front a server that honours cache_salt")
     return UpstreamEngine(settings, spec.tokenizer_path or None, adapter_catalog(spec))
+
+
+def check_pool_settings(name: str, backend: str, backend_settings: dict[str, Any],
+                        dedicated: bool) -> None:
+    """The Pool admin's check (``tenants.pool_settings``): ValueError naming the bad key."""
+    spec = EngineSpec(name=name, backend=backend, backend_settings=backend_settings,
+                      dedicated=dedicated)
+    try:
+        validate(spec)
+        if spec.backend == Pool.Backend.OPENAI_UPSTREAM and not backend_settings.get("base_url"):
+            raise EngineConfigError("openai_upstream needs 'base_url' (the server's /v1 URL)")
+        adapter_catalog(spec)
+    except EngineConfigError as exc:
+        raise ValueError(str(exc)) from exc

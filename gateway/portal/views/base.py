@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 
 from gateway.portal.tenancy import context_processor
 
@@ -21,3 +21,19 @@ def secret_page(request: HttpRequest, template: str, context: dict[str, Any]) ->
     response = page(request, template, context)
     response["Cache-Control"] = "no-store"
     return response
+
+
+SECRET_SESSION_KEY = "portal_secret_once"
+
+
+def secret_redirect(request: HttpRequest, to: str, context: dict[str, Any]) -> HttpResponse:
+    """POST-redirect-GET for a secret shown once: the POST that minted it parks it in the
+    session and redirects, so a reload (or the back button) repeats the harmless GET, never
+    the POST that would mint a second one. ``context`` must be JSON-serialisable."""
+    request.session[SECRET_SESSION_KEY] = context
+    return redirect(to)
+
+
+def take_secret(request: HttpRequest) -> dict[str, Any] | None:
+    """The parked secret, removed from the session as it is read: shown exactly once."""
+    return request.session.pop(SECRET_SESSION_KEY, None)

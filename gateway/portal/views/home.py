@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect
+from django.urls import Resolver404, resolve, reverse
 from django.views.decorators.http import require_POST
 
-from gateway.portal.tenancy import choose, current_membership
+from gateway.portal.tenancy import NAV, choose, current_membership, section_of
 from gateway.portal.views.base import page
 from tenants import roles
 from tenants.models import Tenant
@@ -58,4 +60,22 @@ def switch(request: HttpRequest) -> HttpResponse:
         return HttpResponseBadRequest("tenant must be a number")
     if not choose(request, tenant_id):
         return HttpResponseBadRequest("You are not a member of that tenant.")
-    return redirect("portal:index")
+    return redirect(_same_section(request))
+
+
+def _same_section(request: HttpRequest) -> str:
+    """The page the user switched from, in the new tenant: its section's list page (a key or
+    export id belongs to the old tenant), if their role there may open it; else the start."""
+    try:
+        match = resolve(urlsplit(request.POST.get("next", "")).path)
+    except Resolver404:
+        return reverse("portal:index")
+    section = section_of(match.url_name) if match.namespace == "portal" else None
+    membership = current_membership(request)
+    capability = next((c for name, _, c, _ in NAV if name == section), None)
+    if section is None or membership is None or not roles.can(membership.role, capability or ""):
+        return reverse("portal:index")
+    # The filters of a list page carry over, re-encoded (never the raw text of the field).
+    raw = urlsplit(request.POST.get("next", "")).query if match.url_name == section else ""
+    query = urlencode(parse_qsl(raw))
+    return reverse(f"portal:{section}") + (f"?{query}" if query else "")

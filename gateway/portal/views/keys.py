@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from gateway.portal.forms import KeyForm, RotateForm
 from gateway.portal.tenancy import tenant_view
-from gateway.portal.views.base import page, secret_page
+from gateway.portal.usage import per_key
+from gateway.portal.views.base import page, secret_page, secret_redirect, take_secret
 from tenants import roles
 from tenants.keys import issue_key, rotate_key
 from tenants.models import ApiKey
@@ -27,8 +28,13 @@ def visible_keys(request: HttpRequest) -> QuerySet[ApiKey]:
 
 @tenant_view("keys")
 def key_list(request: HttpRequest) -> HttpResponse:
-    keys = visible_keys(request).prefetch_related("allowed_models")
-    return page(request, "portal/keys.html", {"keys": keys, "now": timezone.now()})
+    keys = list(visible_keys(request).prefetch_related("allowed_models"))
+    now = timezone.now()
+    month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    usage = per_key(request.tenant, month, now + timedelta(hours=1), [k.pk for k in keys])  # type: ignore[attr-defined]
+    for key in keys:
+        key.month_usage = usage.get(key.pk)  # type: ignore[attr-defined]
+    return page(request, "portal/keys.html", {"keys": keys, "now": now, "month": month})
 
 
 @tenant_view("keys")
@@ -40,8 +46,22 @@ def key_create(request: HttpRequest) -> HttpResponse:
             request.tenant, data["name"], allowed_models=list(data["allowed_models"]),  # type: ignore[attr-defined]
             expires_at=data["expires_at"], created_by=request.user, **form.caps(),
         )
-        return secret_page(request, "portal/key_created.html", {"key": key, "plaintext": plaintext})
+        return secret_redirect(request, "portal:key_created",
+                               {"key_id": key.pk, "plaintext": plaintext})
     return page(request, "portal/key_form.html", {"form": form})
+
+
+@tenant_view("keys")
+def key_created(request: HttpRequest) -> HttpResponse:
+    """The one GET that shows a new key; a reload finds the session empty and says so."""
+    parked = take_secret(request)
+    key = visible_keys(request).filter(pk=(parked or {}).get("key_id")).first()
+    if key is None:
+        messages.info(request, "That key was shown once and is not shown again.")
+        return redirect("portal:keys")
+    rotated = visible_keys(request).filter(pk=parked.get("rotated_id")).first()  # type: ignore[union-attr]
+    return secret_page(request, "portal/key_created.html", {
+        "key": key, "plaintext": parked["plaintext"], "rotated": rotated})  # type: ignore[index]
 
 
 @tenant_view("keys")
@@ -61,6 +81,6 @@ def key_rotate(request: HttpRequest, pk: int) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         grace = timedelta(seconds=form.cleaned_data["grace_seconds"])
         new, plaintext = rotate_key(old, grace, created_by=request.user)
-        return secret_page(request, "portal/key_created.html",
-                           {"key": new, "plaintext": plaintext, "rotated": old})
+        return secret_redirect(request, "portal:key_created",
+                               {"key_id": new.pk, "plaintext": plaintext, "rotated_id": old.pk})
     return page(request, "portal/key_rotate.html", {"key": old, "form": form})

@@ -1,24 +1,19 @@
 """Playground: a chat request from the browser straight to ``/v1/chat/completions``, streamed.
 
 The browser calls the real inference API with a real key, so what the tenant sees is exactly
-what their application will get. The key is pasted in, or minted here for one hour; either way
-it lives only in the page's memory.
+what their application will get. The key is pasted in, or the user's short-lived playground
+key (``gateway.portal.playground``): one per user and tenant, reused until it nears expiry.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from gateway.portal.playground import PLAYGROUND_KEY_TTL, playground_key
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page
 from tenants.catalog import models_for
-from tenants.keys import issue_key
-
-PLAYGROUND_KEY_TTL = timedelta(hours=1)
 
 
 @tenant_view("playground")
@@ -31,12 +26,10 @@ def playground_page(request: HttpRequest) -> HttpResponse:
 
 @tenant_view("playground")
 @require_POST
-def playground_key(request: HttpRequest) -> HttpResponse:
-    key, plaintext = issue_key(
-        request.tenant, "playground", created_by=request.user,  # type: ignore[attr-defined]
-        expires_at=timezone.now() + PLAYGROUND_KEY_TTL,
-    )
-    response = JsonResponse({"key": plaintext, "masked": key.masked,
-                             "expires_at": key.expires_at.isoformat()})
+def playground_key_view(request: HttpRequest) -> HttpResponse:
+    found = playground_key(request.session, request.tenant, request.user)  # type: ignore[attr-defined]
+    response = JsonResponse({"key": found.plaintext, "masked": found.key.masked,
+                             "expires_at": found.key.expires_at.isoformat(),  # type: ignore[union-attr]
+                             "reused": found.reused})
     response["Cache-Control"] = "no-store"
     return response

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 from django.db.models import Sum
 from django.db.models.functions import TruncHour
@@ -10,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from gateway.portal import usage
-from gateway.portal.charts import line_chart
+from gateway.portal.charts import chart
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page
 from gateway.portal.views.keys import visible_keys
@@ -38,24 +39,19 @@ def _choice(request: HttpRequest, name: str, allowed: tuple[str, ...]) -> str:
 def usage_page(request: HttpRequest) -> HttpResponse:
     tenant, now = request.tenant, timezone.now()  # type: ignore[attr-defined]
     span = _choice(request, "range", tuple(usage.RANGES))
-    grain = _choice(request, "grain", ("hour", "day"))
+    # Hourly bars over a month would be 720 slivers: days are the default beyond one day.
+    grain = _choice(request, "grain", ("hour", "day") if span == "24h" else ("day", "hour"))
     by = _choice(request, "by", ("model", "key"))
     start, end = usage.now_range(span, now)
     key_ids = own_key_ids(request)
     data = usage.series(tenant, start, end, grain=grain, by=by, key_ids=key_ids)
-    fmt = "%m-%d" if grain == "day" else "%m-%d %H:00"
     mtd = usage.month_to_date(tenant, now, effective_limits(tenant), key_ids)
     alerts = SpendAlert.objects.filter(tenant=tenant, period=SpendAlert.Period.MONTH, enabled=True)
     return page(request, "portal/usage.html", {
         "span": span, "grain": grain, "by": by, "ranges": list(usage.RANGES),
-        "input_chart": line_chart(f"Input tokens per {grain}", data.buckets, data.input,
-                                  time_format=fmt),
-        "output_chart": line_chart(f"Output tokens per {grain}", data.buckets, data.output,
-                                   time_format=fmt),
-        "ttft_chart": line_chart(f"Mean time to first token per {grain}", data.buckets,
-                                 data.ttft_mean, time_format=fmt, unit=" ms", totals=False),
-        "errors_chart": line_chart(f"Requests that did not complete per {grain}", data.buckets,
-                                   data.errors, time_format=fmt),
+        "charts": _charts(data, grain),
+        "totals": _range_totals(data),
+        "unpriced_tokens": data.unpriced_tokens,
         "ttft": usage.ttft_percentiles(tenant, now, key_ids),
         "mtd": mtd,
         "mtd_input_pct": usage.percent(mtd.input_tokens, mtd.input_capacity),
@@ -67,13 +63,43 @@ def usage_page(request: HttpRequest) -> HttpResponse:
     })
 
 
+def _charts(data: usage.Series, grain: str) -> list[dict[str, object]]:
+    per = f"per {grain}"
+    charts = [
+        chart("chart-requests", f"Requests {per}", data.buckets, data.requests, unit="requests"),
+        chart("chart-input", f"Input tokens {per}", data.buckets, data.input, unit="tokens"),
+        chart("chart-output", f"Output tokens {per}", data.buckets, data.output, unit="tokens"),
+    ]
+    for currency, series in sorted(data.spend.items()):
+        charts.append(chart(f"chart-spend-{currency.lower()}", f"Spend {per} ({currency})",
+                            data.buckets, series, currency=currency))
+    charts += [
+        chart("chart-ttft", f"Mean time to first token {per}", data.buckets, data.ttft_mean,
+              kind="line", unit="ms"),
+        chart("chart-errors", f"Requests that did not complete {per}", data.buckets,
+              data.errors, unit="requests"),
+    ]
+    return charts
+
+
+def _range_totals(data: usage.Series) -> dict[str, object]:
+    def total(series: dict[str, list[float]]) -> int:
+        return int(sum(sum(v) for v in series.values()))
+
+    spend = {c: sum((sum(v, Decimal(0)) for v in s.values()), Decimal(0))
+             for c, s in sorted(data.spend.items())}
+    return {"requests": total(data.requests), "input": total(data.input),
+            "output": total(data.output), "spend": spend}
+
+
 def _alert_progress(alerts: object, mtd: usage.MonthToDate) -> list[dict[str, object]]:
     rows = []
     for alert in alerts:  # type: ignore[attr-defined]
         if alert.api_key_id:
             continue  # the month-to-date figures are tenant-wide
         used = (mtd.input_tokens + mtd.output_tokens if alert.metric == SpendAlert.Metric.TOKENS
-                else sum(c.cost for c in mtd.cost))
+                else sum((c.amount or 0 for c in mtd.cost if c.currency == alert.currency),
+                         Decimal(0)))
         rows.append({"alert": alert, "used": used, "pct": usage.percent(used, alert.threshold)})
     return rows
 
@@ -102,6 +128,7 @@ def quotas_page(request: HttpRequest) -> HttpResponse:
     streams = _gauge("streams", "tenant", tenant.id)
     return page(request, "portal/quotas.html", {
         "default": default, "per_model": per_model,
+        "per_model_rows": [(None, default), *per_model],
         "concurrent": concurrent, "streams": streams,
         "concurrent_pct": usage.percent(concurrent or 0, default.concurrent_requests),
         "streams_pct": usage.percent(streams or 0, default.open_streams),

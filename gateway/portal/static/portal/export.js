@@ -8,7 +8,8 @@
     const job = await response.json();
     document.getElementById("export-status").textContent = job.status;
     document.getElementById("export-progress").value = job.progress;
-    document.getElementById("export-rows").textContent = `${job.rows_done} / ${job.rows_total} rows`;
+    document.getElementById("export-rows").textContent =
+      `${job.rows_done.toLocaleString()} / ${job.rows_total.toLocaleString()} rows`;
     if (job.error) {
       const error = document.getElementById("export-error");
       error.textContent = job.error;

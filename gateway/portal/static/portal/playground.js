@@ -4,17 +4,33 @@
   const output = $("pg-output"), meta = $("pg-meta");
   let controller = null;
 
-  $("pg-mint").addEventListener("click", async () => {
+  // The user's one short-lived playground key: the server reuses it until it nears expiry.
+  async function useMine() {
     const csrf = document.querySelector("[name=csrfmiddlewaretoken]").value;
     const response = await fetch($("pg-mint").dataset.url, {
       method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrf },
     });
-    if (!response.ok) { meta.textContent = `Could not create a key (HTTP ${response.status}).`; return; }
+    if (!response.ok) { meta.textContent = `Could not get a playground key (HTTP ${response.status}).`; return false; }
     const body = await response.json();
     $("pg-key").value = body.key;
-    $("pg-minted").textContent = `Using ${body.masked}, valid until ${body.expires_at}.`;
+    const until = new Date(body.expires_at).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" });
+    $("pg-minted").textContent = `Using your playground key ${body.masked}, valid until ${until}.`;
     $("pg-minted").hidden = false;
-  });
+    return true;
+  }
+  $("pg-mint").addEventListener("click", useMine);
+
+  const nf = new Intl.NumberFormat();
+  function showUsage(rows) {
+    const body = $("pg-usage").querySelector("tbody");
+    body.replaceChildren();
+    for (const [label, value] of rows) {
+      const tr = document.createElement("tr"), th = document.createElement("th"), td = document.createElement("td");
+      th.textContent = label; td.textContent = value; td.className = "n";
+      tr.append(th, td); body.append(tr);
+    }
+    $("pg-usage").hidden = false;
+  }
 
   $("pg-stop").addEventListener("click", () => controller && controller.abort());
 
@@ -33,7 +49,9 @@
 
   $("playground").addEventListener("submit", async (e) => {
     e.preventDefault();
+    if (!$("pg-key").value.trim() && !(await useMine())) return;
     output.textContent = ""; meta.textContent = "Waiting for the first token…";
+    $("pg-usage").hidden = true; delete meta.dataset.usage; delete meta.dataset.finish;
     controller = new AbortController();
     $("pg-send").disabled = true; $("pg-stop").disabled = false;
     const started = performance.now();
@@ -69,8 +87,20 @@
           meta.textContent = `Streaming… ${chunks} events, first after ${Math.round(first)} ms`;
         }
       }
-      const usage = meta.dataset.usage ? ` · usage ${meta.dataset.usage}` : "";
-      meta.textContent = `Done in ${Math.round(performance.now() - started)} ms, ${chunks} events, first token after ${Math.round(first || 0)} ms, finish: ${meta.dataset.finish || "?"}${usage}`;
+      const total = Math.round(performance.now() - started);
+      meta.textContent = `Done in ${nf.format(total)} ms, ${chunks} events, first token after ${nf.format(Math.round(first || 0))} ms, finish: ${meta.dataset.finish || "?"}`;
+      const usage = meta.dataset.usage ? JSON.parse(meta.dataset.usage) : {};
+      const cached = (usage.prompt_tokens_details || {}).cached_tokens;
+      showUsage([
+        ["Prompt tokens", usage.prompt_tokens === undefined ? "–" : nf.format(usage.prompt_tokens)],
+        ["Cached prompt tokens", cached === undefined ? "–" : nf.format(cached)],
+        ["Completion tokens", usage.completion_tokens === undefined ? "–" : nf.format(usage.completion_tokens)],
+        ["Total tokens", usage.total_tokens === undefined ? "–" : nf.format(usage.total_tokens)],
+        ["Time to first token", `${nf.format(Math.round(first || 0))} ms`],
+        ["Total time", `${nf.format(total)} ms`],
+        ["Events", nf.format(chunks)],
+        ["Finish reason", meta.dataset.finish || "?"],
+      ]);
     } catch (err) {
       meta.textContent = err.name === "AbortError" ? "Stopped." : `Error: ${err.message}`;
     } finally {

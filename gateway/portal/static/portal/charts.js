@@ -1,0 +1,78 @@
+// Draw the usage dashboard's charts from the JSON the server wrote (gateway/portal/charts.py).
+(function () {
+  if (typeof Chart === "undefined") return;
+  const small = window.matchMedia("(max-width: 600px)").matches;
+  Chart.defaults.font.size = small ? 12 : 13;
+  Chart.defaults.font.family = "system-ui, sans-serif";
+
+  // Full values (tooltips) with separators and the currency's digits; axis ticks shortened
+  // (12K, 1.5M) only where they are large enough for that to lose nothing that matters.
+  function formatter(spec, forTicks) {
+    const exact = new Intl.NumberFormat(undefined, spec.currency
+      ? { minimumFractionDigits: spec.places, maximumFractionDigits: spec.places }
+      : { maximumFractionDigits: spec.integer ? 0 : 1 });
+    const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumFractionDigits: 1 });
+    const suffix = spec.currency ? " " + spec.currency : (!forTicks && spec.unit ? " " + spec.unit : "");
+    // One style per axis: compact for every tick once the largest reaches 10,000.
+    return (v, i, ticks) => {
+      const top = ticks ? Math.max(...ticks.map((t) => Math.abs(t.value))) : Math.abs(v);
+      return (forTicks && top >= 10000 ? compact.format(v) : exact.format(v)) + suffix;
+    };
+  }
+
+  function bucketLabel(iso, hourly) {
+    const d = new Date(iso);
+    return hourly
+      ? d.toLocaleString(undefined, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" })
+      : d.toLocaleDateString(undefined, { month: "short", day: "numeric" });
+  }
+
+  document.querySelectorAll("figure.chart").forEach((figure) => {
+    const node = document.getElementById(figure.id + "-data");
+    if (!node) return;
+    const spec = JSON.parse(node.textContent);
+    const canvas = document.getElementById(spec.id + "-canvas");
+    if (!canvas) return;
+    const hourly = spec.labels.length > 1 && (new Date(spec.labels[1]) - new Date(spec.labels[0])) < 86400000;
+    const full = formatter(spec, false), tick = formatter(spec, true);
+    const line = spec.kind === "line";
+    new Chart(canvas, {
+      type: line ? "line" : "bar",
+      data: {
+        labels: spec.labels.map((l) => bucketLabel(l, hourly)),
+        datasets: spec.datasets.map((d) => ({
+          label: d.label, data: d.data, backgroundColor: d.backgroundColor, borderColor: d.borderColor,
+          borderWidth: line ? 2 : 0, pointRadius: line ? 2 : 0, spanGaps: false, maxBarThickness: 48,
+        })),
+      },
+      options: {
+        responsive: true, maintainAspectRatio: false, animation: false,
+        interaction: { mode: "index", intersect: false },
+        scales: {
+          x: { stacked: !line, ticks: { autoSkip: true, maxRotation: 0, maxTicksLimit: small ? 4 : 12 }, grid: { display: false } },
+          y: {
+            stacked: !line, beginAtZero: true,
+            ticks: {
+              // Counts never show "0.5 requests": integer steps only; money steps in minor units.
+              precision: spec.integer ? 0 : spec.places,
+              maxTicksLimit: 6,
+              callback: (v, i, ticks) => tick(v, i, ticks),
+            },
+          },
+        },
+        plugins: {
+          legend: { display: false },  // the list under each chart names the series, with totals
+          tooltip: {
+            callbacks: {
+              label: (ctx) => `${ctx.dataset.label}: ${ctx.parsed.y === null ? "–" : full(ctx.parsed.y)}`,
+              footer: (items) => {
+                if (line || items.length < 2) return "";
+                return "Total: " + full(items.reduce((s, i) => s + (i.parsed.y || 0), 0));
+              },
+            },
+          },
+        },
+      },
+    });
+  });
+})();
