@@ -262,13 +262,13 @@ def test_metrics_need_the_metrics_token_not_a_tenant_credential(live) -> None:
     assert ok.status_code == 200 and "igw_" in ok.text
 
 
-def _metrics_status(client: tuple[str, int] | None, monkeypatch, token: str = "",
+def _metrics_status(client: tuple[str, int] | None, settings, token: str = "",
                     auth: bytes | None = None) -> int:
     from asgiref.testing import ApplicationCommunicator
 
     from gateway.inference import consumers
 
-    monkeypatch.setattr(consumers, "METRICS_TOKEN", token)
+    settings.METRICS_TOKEN = token
     scope = {"type": "http", "method": "GET", "path": "/metrics", "query_string": b"",
              "headers": [(b"authorization", auth)] if auth else [], "client": client}
 
@@ -283,13 +283,13 @@ def _metrics_status(client: tuple[str, int] | None, monkeypatch, token: str = ""
 
 
 @pytest.mark.django_db
-def test_metrics_without_a_token_answer_only_this_host(redis_client, monkeypatch) -> None:
+def test_metrics_without_a_token_answer_only_this_host(redis_client, settings) -> None:
     """The labels name every tenant: with no METRICS_TOKEN, a remote peer (a tenant, anyone)
     is refused; the host's own scraper still reads them."""
-    assert _metrics_status(("10.1.2.3", 5555), monkeypatch) == 403
-    assert _metrics_status(("2001:db8::1", 5555), monkeypatch) == 403
-    assert _metrics_status(("127.0.0.1", 5555), monkeypatch) == 200
-    assert _metrics_status(("10.1.2.3", 5555), monkeypatch, token="t",
+    assert _metrics_status(("10.1.2.3", 5555), settings) == 403
+    assert _metrics_status(("2001:db8::1", 5555), settings) == 403
+    assert _metrics_status(("127.0.0.1", 5555), settings) == 200
+    assert _metrics_status(("10.1.2.3", 5555), settings, token="t",
                            auth=b"Bearer t") == 200
-    assert _metrics_status(("127.0.0.1", 5555), monkeypatch, token="t",
+    assert _metrics_status(("127.0.0.1", 5555), settings, token="t",
                            auth=b"Bearer x") == 401

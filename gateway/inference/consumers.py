@@ -20,8 +20,8 @@ that entry, for as long as the stream is kept (``accounting.STREAM_TTL_AFTER_END
 end). A disconnect cancels the generation, so a resumed stream ends where generation stopped;
 resuming a finished stream replays the rest of it, [DONE] included.
 
-Settings (environment): ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open to
-loopback clients only).
+Settings: ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open to loopback
+clients only).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from typing import Any
 import redis
 from asgiref.sync import sync_to_async
 from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
 
 from gateway.bodylimit import read_bounded_body
 from gateway.contentlog.store import aenqueue_content
-from gateway.env import env_float, env_str
 from gateway.inference import facade, idempotency, overload, sse
 from gateway.inference.admission import size_request, tokenize
 from gateway.inference.errors import (
@@ -61,8 +61,6 @@ from tenants.auth import AuthError, Principal, aauthenticate_scope_request
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_S = env_float("SSE_KEEPALIVE_SECONDS", 15.0, minimum=0.05)
-METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 CANCEL_GRACE_S = 2.0  # how long a cancelled handler may take to settle before it is torn down
 JSON = (b"content-type", b"application/json")
 
@@ -233,9 +231,10 @@ class MetricsConsumer(ApiConsumer):
     methods = ("GET",)
 
     async def handle(self, body: bytes) -> None:
-        if METRICS_TOKEN:
+        token = settings.METRICS_TOKEN
+        if token:
             given = (self.header(b"authorization") or "").encode("latin-1")
-            if not hmac.compare_digest(given, f"Bearer {METRICS_TOKEN}".encode()):
+            if not hmac.compare_digest(given, f"Bearer {token}".encode()):
                 raise ApiError(401, "A valid metrics token is required.", code="invalid_api_key",
                                headers={"www-authenticate": "Bearer"})
         elif not _from_this_host(self.scope):
@@ -485,9 +484,10 @@ class Relay:
             await self._write(data, more=more)
 
     async def _keepalive(self) -> None:
+        every = settings.SSE_KEEPALIVE_SECONDS
         while True:
-            await asyncio.sleep(KEEPALIVE_S / 2)
-            if time.monotonic() - self.last_write >= KEEPALIVE_S:
+            await asyncio.sleep(every / 2)
+            if time.monotonic() - self.last_write >= every:
                 await self._begin()
                 await self._write(sse.KEEPALIVE)
 
