@@ -15,6 +15,7 @@ class SpendAlertAdmin(admin.ModelAdmin):
     list_display = ("tenant", "api_key", "metric", "period", "threshold", "hard_cap", "enabled",
                     "last_fired_period")
     list_filter = ("metric", "period", "hard_cap", "enabled")
+    list_select_related = ("tenant", "api_key")  # nullable: Django would not join it itself
     raw_id_fields = ("tenant", "api_key", "created_by")
 
 
@@ -22,6 +23,7 @@ class SpendAlertAdmin(admin.ModelAdmin):
 class AlertEventAdmin(admin.ModelAdmin):
     list_display = ("alert", "period", "value", "emailed", "webhook_status", "suspended",
                     "fired_at")
+    list_select_related = ("alert__tenant", "alert__api_key")  # the alert's name shows both
 
 
 @admin.register(ExportJob)
@@ -29,3 +31,4 @@ class ExportJobAdmin(admin.ModelAdmin):
     list_display = ("id", "tenant", "start", "end", "format", "status", "rows_done", "rows_total",
                     "created_at")
     list_filter = ("status", "format")
+    list_select_related = ("tenant",)
