@@ -21,11 +21,12 @@ import re
 import secrets
 import zlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -139,3 +140,36 @@ def issue_key(
         if allowed_models:
             api_key.allowed_models.set(allowed_models)
     return api_key, plaintext
+
+
+class KeyNotRotatable(ValueError):
+    """Only a usable key (not revoked, not expired) can be rotated."""
+
+
+def rotate_key(
+    old: ApiKey, *, grace: timedelta, created_by: AbstractBaseUser | None = None,
+) -> tuple[ApiKey, str]:
+    """Issue a successor to ``old`` and let ``old`` expire after ``grace``; return the successor
+    and its plaintext. The one rule for rotation, behind the portal and the management API.
+
+    The successor keeps the name, the models, the expiry and the limits of ``old``. The grace
+    never extends ``old`` past the expiry it already had. The old row is locked while it is
+    checked and shortened, so a rotation racing a revocation either sees the key revoked and
+    refuses, or shortens it before the revocation lands; never revives it.
+    """
+    from tenants.models import LIMIT_FIELDS, ApiKey
+
+    with transaction.atomic():
+        locked = ApiKey.objects.select_for_update().get(pk=old.pk)
+        if not locked.is_usable():
+            raise KeyNotRotatable("Only a usable key can be rotated.")
+        new, plaintext = issue_key(
+            locked.tenant, locked.name, allowed_models=list(locked.allowed_models.all()),
+            expires_at=locked.expires_at, created_by=created_by,
+            **{f: getattr(locked, f) for f in LIMIT_FIELDS if getattr(locked, f) is not None},
+        )
+        until = timezone.now() + grace
+        locked.expires_at = min(until, locked.expires_at) if locked.expires_at else until
+        locked.save(update_fields=["expires_at"])  # the save signal drops cached principals
+    old.expires_at = locked.expires_at
+    return new, plaintext

@@ -14,3 +14,16 @@ def redis_client(settings):
     client.flushdb()
     yield client
     client.flushdb()
+
+
+# Tests make many users; PBKDF2 at its production cost would spend seconds per test on hashing.
+FAST_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fast_passwords():
+    """One fast password hasher for the whole run (never in production settings)."""
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=FAST_HASHERS):
+        yield

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from gateway.portal.tokens import issue_token
 from metering.billing.models import ExportJob, SpendAlert
-from tests.test_portal_world import FAST_HASHERS, build_world, this_hour
+from tests.worlds import build_world, this_hour
 
 pytestmark = pytest.mark.django_db
 T = "/api/tenants/acme"
@@ -64,8 +64,7 @@ ALIASES = {"token_billing": "billing", "token_other": "outsider"}
 
 
 @pytest.fixture
-def world(redis_client, settings, tmp_path):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def world(redis_client, tmp_path):
     world = build_world()
     world.alert = SpendAlert.objects.create(tenant=world.tenant, threshold=10)
     done = tmp_path / "export.csv"

@@ -17,11 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from tenants.models import Membership, Pool
 from tests import procs
 from tests.factories import make_key, make_model, make_tenant
-from tests.test_portal_world import PASSWORD, make_user, record, roll_up, this_hour
+from tests.worlds import PASSWORD, make_user, record, roll_up, this_hour
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -88,6 +89,10 @@ def owner(system, redis_client) -> dict[str, Any]:
     procs.wait_for_worker(redis_client, POOL, WORKER, system["worker"], timeout=10)
     tenant = make_tenant("acme")
     user = make_user("owner")
+    # The gateway under test is another process, on the production hasher: the fast one that
+    # tests/conftest.py sets here would not verify there.
+    user.password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt())
+    user.save(update_fields=["password"])
     Membership.objects.create(user=user, tenant=tenant, role="owner")
     return {"tenant": tenant, "user": user, "url": system["url"]}
 

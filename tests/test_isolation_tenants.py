@@ -1,5 +1,5 @@
 """Tenant isolation, endpoint family by endpoint family, with the owner / member / outsider trio
-of ``tests.test_portal_world`` (acme's owner and member; ``other``'s owner as the outsider).
+of ``tests.worlds`` (acme's owner and member; ``other``'s owner as the outsider).
 
 What already covers what (not repeated here):
 - management API, every endpoint x role, status codes: ``test_api_permissions``
@@ -36,14 +36,13 @@ from tenants.models import ApiKey, Membership, Pool
 from tenants.salts import cache_salt, platform_salt
 from tests import procs
 from tests.test_inference_live import SERVER_ENV, ensure_pools
-from tests.test_portal_world import FAST_HASHERS, build_world, record, roll_up, this_hour
+from tests.worlds import build_world, record, roll_up, this_hour
 
 TRIO = ("owner", "member", "outsider")
 
 
 @pytest.fixture
-def world(redis_client, settings, tmp_path):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def world(redis_client, tmp_path):
     clear_cache()
     world = build_world()
     world.alert = SpendAlert.objects.create(tenant=world.tenant, threshold=10)
@@ -195,8 +194,7 @@ def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture
-def live(system, redis_client, settings) -> dict[str, Any]:
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def live(system, redis_client) -> dict[str, Any]:
     ensure_pools()
     procs.wait_for_worker(redis_client, POOL, "iso-w1", system["worker"], timeout=10)
     clear_cache()

@@ -21,11 +21,6 @@ from tests.factories import make_tenant
 ISSUER = "https://login.acme.example/"
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def provider(db):
     return IdentityProvider.objects.create(
@@ -114,7 +109,6 @@ class FakeProvider:
 
 @pytest.fixture
 def live_provider(db, settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.LOGIN_REDIRECT_URL = "/after-login/"
     fake = FakeProvider(ec.generate_private_key(ec.SECP256R1()))
     registration = IdentityProvider.objects.create(

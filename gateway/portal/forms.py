@@ -70,10 +70,8 @@ class RotateForm(forms.Form):
         label="The old key keeps working for",
     )
 
-    def old_key_expiry(self, key: ApiKey) -> datetime:
-        """The grace never extends a key past the expiry it already had."""
-        until = timezone.now() + timedelta(seconds=self.cleaned_data["grace_seconds"])
-        return min(until, key.expires_at) if key.expires_at else until
+    def grace(self) -> timedelta:
+        return timedelta(seconds=self.cleaned_data["grace_seconds"])
 
 
 class ContentLoggingForm(forms.Form):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -17,10 +17,23 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
 from gateway.portal import roles
-from tenants.models import Membership
+from tenants.models import Membership, Tenant
 
 SESSION_KEY = "portal_tenant_id"
 View = Callable[..., HttpResponse]
+
+
+class TenantRequest(HttpRequest):
+    """A request inside a ``tenant_view``: the signed-in user's membership, its tenant and the
+    role it gives. Only the decorator makes one (by setting these on the request it got), so a
+    view typed with it can rely on them being there."""
+
+    membership: Membership
+    tenant: Tenant
+    role: str
+
+
+TenantView = Callable[..., HttpResponse]  # (TenantRequest, *args) -> HttpResponse
 
 
 def memberships(user: Any) -> list[Membership]:
@@ -45,13 +58,13 @@ def choose(request: HttpRequest, tenant_id: int) -> bool:
     return False
 
 
-def tenant_view(capability: str) -> Callable[[View], View]:
+def tenant_view(capability: str) -> Callable[[TenantView], View]:
     """Sign-in required, a membership required, and the role must have ``capability``.
 
-    Sets ``request.membership``, ``request.tenant`` and ``request.role`` for the view.
+    The view receives a ``TenantRequest``: ``membership``, ``tenant`` and ``role`` are set.
     """
 
-    def decorate(view: View) -> View:
+    def decorate(view: TenantView) -> View:
         @login_required
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -60,10 +73,11 @@ def tenant_view(capability: str) -> Callable[[View], View]:
                 return redirect("portal:no_tenant")
             if not roles.can(membership.role, capability):
                 raise PermissionDenied(f"Your role ({membership.role}) cannot open this page.")
-            request.membership = membership  # type: ignore[attr-defined]
-            request.tenant = membership.tenant  # type: ignore[attr-defined]
-            request.role = membership.role  # type: ignore[attr-defined]
-            return view(request, *args, **kwargs)
+            bound = cast(TenantRequest, request)
+            bound.membership = membership
+            bound.tenant = membership.tenant
+            bound.role = membership.role
+            return view(bound, *args, **kwargs)
 
         return wrapper
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models import QuerySet
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
@@ -18,8 +16,8 @@ from rest_framework.response import Response
 from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.views.base import TenantScoped
-from tenants.keys import issue_key
-from tenants.models import LIMIT_FIELDS, ApiKey
+from tenants.keys import KeyNotRotatable, issue_key, rotate_key
+from tenants.models import ApiKey
 
 
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -54,19 +52,14 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
     @action(detail=True, methods=["post"])
     def rotate(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         old = self.get_object()
-        if not old.is_usable():
-            raise ValidationError({"detail": "Only a usable key can be rotated."})
         form = s.RotateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        until = timezone.now() + timedelta(seconds=form.validated_data["grace_seconds"])
-        with transaction.atomic():
-            new, plaintext = issue_key(
-                self.tenant, old.name, allowed_models=list(old.allowed_models.all()),
-                expires_at=old.expires_at, created_by=access.user_for_audit(request),
-                **{f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None},
-            )
-            old.expires_at = min(until, old.expires_at) if old.expires_at else until
-            old.save(update_fields=["expires_at"])
+        try:
+            new, plaintext = rotate_key(
+                old, grace=timedelta(seconds=form.validated_data["grace_seconds"]),
+                created_by=access.user_for_audit(request))
+        except KeyNotRotatable as exc:
+            raise ValidationError({"detail": str(exc)}) from None
         return _new_key_response(new, plaintext)
 
 

@@ -3,40 +3,39 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 
 from gateway.portal import roles
 from gateway.portal.forms import KeyForm, RotateForm
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page, secret_page
-from tenants.keys import issue_key
-from tenants.models import LIMIT_FIELDS, ApiKey
+from tenants.keys import KeyNotRotatable, issue_key, rotate_key
+from tenants.models import ApiKey
 
 
-def visible_keys(request: HttpRequest) -> QuerySet[ApiKey]:
-    keys = ApiKey.objects.filter(tenant=request.tenant)  # type: ignore[attr-defined]
-    if not roles.can(request.role, "all_keys"):  # type: ignore[attr-defined]
+def visible_keys(request: TenantRequest) -> QuerySet[ApiKey]:
+    keys = ApiKey.objects.filter(tenant=request.tenant)
+    if not roles.can(request.role, "all_keys"):
         keys = keys.filter(created_by=request.user)
     return keys
 
 
 @tenant_view("keys")
-def key_list(request: HttpRequest) -> HttpResponse:
+def key_list(request: TenantRequest) -> HttpResponse:
     keys = visible_keys(request).prefetch_related("allowed_models")
     return page(request, "portal/keys.html", {"keys": keys, "now": timezone.now()})
 
 
 @tenant_view("keys")
-def key_create(request: HttpRequest) -> HttpResponse:
-    form = KeyForm(request.POST or None, tenant=request.tenant)  # type: ignore[attr-defined]
+def key_create(request: TenantRequest) -> HttpResponse:
+    form = KeyForm(request.POST or None, tenant=request.tenant)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         key, plaintext = issue_key(
-            request.tenant, data["name"], allowed_models=list(data["allowed_models"]),  # type: ignore[attr-defined]
+            request.tenant, data["name"], allowed_models=list(data["allowed_models"]),
             expires_at=data["expires_at"], created_by=request.user, **form.caps(),
         )
         return secret_page(request, "portal/key_created.html", {"key": key, "plaintext": plaintext})
@@ -44,7 +43,7 @@ def key_create(request: HttpRequest) -> HttpResponse:
 
 
 @tenant_view("keys")
-def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+def key_revoke(request: TenantRequest, pk: int) -> HttpResponse:
     key = get_object_or_404(visible_keys(request), pk=pk)
     if request.method == "POST":
         if key.revoke():
@@ -54,18 +53,15 @@ def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @tenant_view("keys")
-def key_rotate(request: HttpRequest, pk: int) -> HttpResponse:
+def key_rotate(request: TenantRequest, pk: int) -> HttpResponse:
     old = get_object_or_404(visible_keys(request).usable(), pk=pk)
     form = RotateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        with transaction.atomic():
-            new, plaintext = issue_key(
-                old.tenant, old.name, allowed_models=list(old.allowed_models.all()),
-                expires_at=old.expires_at, created_by=request.user,
-                **{f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None},
-            )
-            old.expires_at = form.old_key_expiry(old)
-            old.save(update_fields=["expires_at"])  # the save signal drops cached principals
+        try:
+            new, plaintext = rotate_key(old, grace=form.grace(), created_by=request.user)
+        except KeyNotRotatable as exc:  # revoked or expired since the page was shown
+            messages.error(request, str(exc))
+            return redirect("portal:keys")
         return secret_page(request, "portal/key_created.html",
                            {"key": new, "plaintext": plaintext, "rotated": old})
     return page(request, "portal/key_rotate.html", {"key": old, "form": form})

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
 from gateway.portal import membership
 from gateway.portal.forms import MemberForm
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from tenants.models import Membership
 
 
 @tenant_view("members")
-def members_page(request: HttpRequest) -> HttpResponse:
-    tenant = request.tenant  # type: ignore[attr-defined]
+def members_page(request: TenantRequest) -> HttpResponse:
+    tenant = request.tenant
     form = MemberForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -34,8 +34,8 @@ def members_page(request: HttpRequest) -> HttpResponse:
 
 @tenant_view("members")
 @require_POST
-def member_change(request: HttpRequest, pk: int) -> HttpResponse:
-    target = get_object_or_404(Membership, pk=pk, tenant=request.tenant)  # type: ignore[attr-defined]
+def member_change(request: TenantRequest, pk: int) -> HttpResponse:
+    target = get_object_or_404(Membership, pk=pk, tenant=request.tenant)
     role = request.POST.get("role", "")
     try:
         if role == "remove":
