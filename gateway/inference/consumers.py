@@ -36,7 +36,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import redis
-from asgiref.sync import sync_to_async
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
@@ -52,9 +51,10 @@ from gateway.inference.errors import (
     server_error,
     unavailable,
 )
-from gateway.inference.pools import PoolInfo, choose_pool, visible_models
+from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
 from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
 from gateway.inference.responses import ChunkTemplate, completion_body, models_body
+from gateway.orm import in_thread
 from gateway.redis_conn import get_async_redis
 from metering import metrics
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
@@ -241,9 +241,9 @@ class MetricsConsumer(ApiConsumer):
             # The labels name every tenant: without a token only this host may read them.
             raise ApiError(403, "Set METRICS_TOKEN to read /metrics from another host.",
                            type="permission_error", code="metrics_local_only")
-        text = await sync_to_async(metrics.render, thread_sensitive=False)()
+        text = await in_thread(metrics.render)()
         payload = text.encode()
-        await self.start(200, {}, [(b"content-type", b"text/plain; version=0.0.4"),
+        await self.start(200, {}, [(b"content-type", metrics.CONTENT_TYPE.encode()),
                                    (b"content-length", b"%d" % len(payload))])
         await self.write(payload, more=False)
 
@@ -295,7 +295,8 @@ class CompletionConsumer(ApiConsumer):
         pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
                                  principal.allowed_model_names)
         limits = principal.limits(req.model)
-        sized = size_request(req, await tokenize(req, pool.model), pool.model, limits)
+        prompt_ids = await tokenize(req, pool.model)
+        sized = size_request(req, prompt_ids, await serving_model(pool), limits)
         await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
         claim = await self._idempotency(principal, data, req, limits.total_deadline_s)
         if isinstance(claim, idempotency.Replay):
@@ -528,6 +529,10 @@ def failure(event: facade.ErrorEvent | facade.FinishEvent, tokens_sent: int) -> 
         code, message, retryable = "request_cancelled", "The request was cancelled.", True
     else:
         code, message, retryable = event.code, event.message, event.retryable
+    if tokens_sent == 0 and code == "engine_refused":
+        # The engine turned this request down before any work (workers.host): the request is
+        # at fault, and nothing was charged.
+        return ApiError(400, message, type="invalid_request_error", code=code)
     if tokens_sent == 0 and retryable:
         # Nothing was generated, so nothing was billed: the client may simply try again.
         return unavailable(message, retry_after=1, code=code)
