@@ -49,23 +49,9 @@ def ensure_pool() -> None:
 
 
 @pytest.fixture(scope="module")
-def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
-    with django_db_blocker.unblock():
-        ensure_pool()
-        worker = procs.start_worker(POOL, worker_id=WORKER)
-        gateway, url = procs.start_uvicorn(env={"WHITENOISE_USE_FINDERS": "1"})
-    from gateway.redis_conn import get_redis
-
-    try:
-        procs.wait_for_worker(get_redis(), POOL, WORKER, worker)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "gateway": gateway}
-    except BaseException:
-        print(worker.logs()[-3000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
+def system(live_system) -> dict[str, Any]:
+    return live_system(pool=POOL, worker_ids=[WORKER], prepare=ensure_pool,
+                       env={"WHITENOISE_USE_FINDERS": "1"})
 
 
 @pytest.fixture(scope="module")

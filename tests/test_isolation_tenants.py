@@ -18,7 +18,6 @@ tenant, never for another), Last-Event-ID and models for the trio.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -29,7 +28,6 @@ from django.utils import timezone
 
 from gateway.portal.models import ManagementToken
 from gateway.portal.tokens import issue_token
-from gateway.redis_conn import get_redis
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import clear_cache
 from tenants.models import ApiKey, Membership, Pool
@@ -178,19 +176,9 @@ LONG = [{"role": "user", "content": "Tell me about the weather in a long sentenc
 
 
 @pytest.fixture(scope="module")
-def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
-    env = {**SERVER_ENV, "METRICS_TOKEN": METRICS_TOKEN}
-    with django_db_blocker.unblock():
-        ensure_pools()
-        worker = procs.start_worker(POOL, worker_id="iso-w1", env=env)
-        gateway, url = procs.start_uvicorn(env=env)
-    try:
-        procs.wait_for_worker(get_redis(), POOL, "iso-w1", worker)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker}
-    finally:
-        gateway.stop()
-        worker.stop()
+def system(live_system) -> dict[str, Any]:
+    return live_system(pool=POOL, worker_ids=["iso-w1"], prepare=ensure_pools,
+                       env={**SERVER_ENV, "METRICS_TOKEN": METRICS_TOKEN})
 
 
 @pytest.fixture
