@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, cast
+from typing import Any, Concatenate, ParamSpec, cast
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -28,12 +29,14 @@ class TenantRequest(HttpRequest):
     role it gives. Only the decorator makes one (by setting these on the request it got), so a
     view typed with it can rely on them being there."""
 
+    user: AbstractBaseUser  # signed in (login_required): never the anonymous user here
     membership: Membership
     tenant: Tenant
     role: str
 
 
-TenantView = Callable[..., HttpResponse]  # (TenantRequest, *args) -> HttpResponse
+P = ParamSpec("P")
+TenantView = Callable[Concatenate[TenantRequest, P], HttpResponse]
 
 
 def memberships(user: Any) -> list[Membership]:
@@ -58,16 +61,18 @@ def choose(request: HttpRequest, tenant_id: int) -> bool:
     return False
 
 
-def tenant_view(capability: str) -> Callable[[TenantView], View]:
+def tenant_view(
+    capability: str,
+) -> Callable[[TenantView[P]], Callable[Concatenate[HttpRequest, P], HttpResponse]]:
     """Sign-in required, a membership required, and the role must have ``capability``.
 
     The view receives a ``TenantRequest``: ``membership``, ``tenant`` and ``role`` are set.
     """
 
-    def decorate(view: TenantView) -> View:
+    def decorate(view: TenantView[P]) -> Callable[Concatenate[HttpRequest, P], HttpResponse]:
         @login_required
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: P.args, **kwargs: P.kwargs) -> HttpResponse:
             membership = current_membership(request)
             if membership is None:
                 return redirect("portal:no_tenant")
