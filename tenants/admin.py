@@ -25,7 +25,6 @@ from tenants.models import (
     LIMIT_FIELDS,
     QUOTA_FIELDS,
     ApiKey,
-    ContentLoggingChange,
     Membership,
     Pool,
     Quota,
@@ -303,24 +302,6 @@ class MembershipAdmin(admin.ModelAdmin):
     search_fields = ["user__username", "user__email", "tenant__slug", "tenant__name"]
     list_select_related = ["user", "tenant"]
     autocomplete_fields = ["user", "tenant"]
-
-
-@admin.register(ContentLoggingChange)
-class ContentLoggingChangeAdmin(admin.ModelAdmin):
-    """The audit trail is append-only: nobody edits or deletes it here."""
-
-    list_display = ["changed_at", "tenant", "enabled", "changed_by", "remote_addr"]
-    list_filter = ["enabled"]
-    list_select_related = ["tenant", "changed_by"]  # changed_by is nullable: not joined by itself
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 # Identity providers and client-certificate bindings (issue 8) have their own admin module.

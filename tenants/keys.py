@@ -147,7 +147,7 @@ class KeyNotRotatable(ValueError):
 
 
 def rotate_key(
-    old: ApiKey, *, grace: timedelta, created_by: AbstractBaseUser | None = None,
+    old: ApiKey, grace: timedelta, *, created_by: AbstractBaseUser | None = None,
 ) -> tuple[ApiKey, str]:
     """Issue a successor to ``old`` and let ``old`` expire after ``grace``; return the successor
     and its plaintext. The one rule for rotation, behind the portal and the management API.

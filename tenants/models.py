@@ -453,23 +453,3 @@ class ClientCertificate(models.Model):
         if fingerprint is None:
             raise ValidationError({"fingerprint_sha256": "Not a SHA-256 fingerprint."})
         self.fingerprint_sha256 = fingerprint
-
-
-class ContentLoggingChange(models.Model):
-    """Who switched a tenant's content logging on or off, and when. Rows are never edited."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    enabled = models.BooleanField()
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    changed_at = models.DateTimeField(auto_now_add=True)
-    remote_addr = models.GenericIPAddressField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-changed_at", "-id"]
-        db_table = "portal_contentloggingchange"  # the table kept its name when it moved here
-
-    def __str__(self) -> str:
-        state = "on" if self.enabled else "off"
-        return f"{self.tenant} content logging {state} by {self.changed_by} at {self.changed_at}"

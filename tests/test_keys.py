@@ -192,13 +192,13 @@ def test_rotate_key_copies_the_key_and_never_extends_the_old_one():
     tenant, model = make_tenant(), make_model()
     soon = timezone.now() + timedelta(hours=1)
     old, _ = issue_key(tenant, "ci", allowed_models=[model], expires_at=soon, input_tpm=500)
-    new, plaintext = keys.rotate_key(old, grace=timedelta(days=7))
+    new, plaintext = keys.rotate_key(old, timedelta(days=7))
     assert (new.name, new.expires_at, new.input_tpm) == ("ci", soon, 500)
     assert list(new.allowed_models.all()) == [model]
     assert authenticate(bearer(plaintext)).key_id == new.pk
     old.refresh_from_db()
     assert old.expires_at == soon  # a 7-day grace does not outlive the hour it had left
-    keys.rotate_key(new, grace=timedelta(seconds=60))
+    keys.rotate_key(new, timedelta(seconds=60))
     new.refresh_from_db()
     assert new.expires_at <= timezone.now() + timedelta(seconds=60)
 
@@ -211,7 +211,7 @@ def test_a_revoked_key_is_not_rotated():
     stale = ApiKey.objects.get(pk=old.pk)  # a copy loaded before the revocation
     old.revoke()
     with pytest.raises(keys.KeyNotRotatable):
-        keys.rotate_key(stale, grace=timedelta(hours=1))
+        keys.rotate_key(stale, timedelta(hours=1))
     assert ApiKey.objects.count() == 1
     stale.refresh_from_db()
     assert stale.expires_at is None and stale.revoked_at is not None

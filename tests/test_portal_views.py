@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 
-from gateway.portal.models import ManagementToken
+from gateway.portal.models import ContentLoggingChange, ManagementToken
 from metering import metrics
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import AuthError, authenticate, clear_cache
-from tenants.models import ApiKey, ContentLoggingChange, IdentityProvider, Tenant
+from tenants.models import ApiKey, IdentityProvider, Tenant
 from tests.factories import bearer, make_tenant
 from tests.worlds import build_world, record, roll_up, this_hour
 

@@ -1,4 +1,4 @@
-"""What the portal itself stores: management tokens."""
+"""What the portal itself stores: the content-logging audit trail and management tokens."""
 
 from __future__ import annotations
 
@@ -9,6 +9,25 @@ from django.db import models
 from django.utils import timezone
 
 from tenants.models import Membership, Tenant
+
+
+class ContentLoggingChange(models.Model):
+    """Who switched a tenant's content logging on or off, and when. Rows are never edited."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    enabled = models.BooleanField()
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    changed_at = models.DateTimeField(auto_now_add=True)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-changed_at", "-id"]
+
+    def __str__(self) -> str:
+        state = "on" if self.enabled else "off"
+        return f"{self.tenant} content logging {state} by {self.changed_by} at {self.changed_at}"
 
 
 class ManagementTokenQuerySet(models.QuerySet["ManagementToken"]):

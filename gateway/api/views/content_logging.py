@@ -13,7 +13,6 @@ from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.schema import OneObjectSchema
 from gateway.api.views.base import TenantScoped
-from tenants.content_logging import content_logging_changes, switch_content_logging
 
 
 class ContentLoggingViewSet(TenantScoped):
@@ -24,7 +23,10 @@ class ContentLoggingViewSet(TenantScoped):
     schema = OneObjectSchema()  # list answers the switch and its history, not a page
 
     def _state(self) -> dict[str, Any]:
-        changes = content_logging_changes(self.tenant)[:100]
+        from gateway.portal.models import ContentLoggingChange
+
+        changes = ContentLoggingChange.objects.filter(tenant=self.tenant).select_related(
+            "changed_by")[:100]
         return {"enabled": self.tenant.content_logging, "changes": changes,
                 "retention_days": getattr(self.tenant, "content_retention_days", None)}
 
@@ -34,8 +36,10 @@ class ContentLoggingViewSet(TenantScoped):
     @extend_schema(request=s.ContentLoggingSerializer, responses=s.ContentLoggingSerializer)
     @action(detail=False, methods=["put"], url_path="set")
     def set_enabled(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        from gateway.portal.content_logging import switch
+
         body = s.ContentLoggingSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        switch_content_logging(self.tenant, body.validated_data["enabled"],
-                               access.user_for_audit(request), request.META.get("REMOTE_ADDR"))
+        switch(self.tenant, body.validated_data["enabled"], access.user_for_audit(request),
+               request.META.get("REMOTE_ADDR"))
         return Response(s.ContentLoggingSerializer(self._state()).data)

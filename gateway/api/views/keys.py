@@ -56,7 +56,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         form.is_valid(raise_exception=True)
         try:
             new, plaintext = rotate_key(
-                old, grace=timedelta(seconds=form.validated_data["grace_seconds"]),
+                old, timedelta(seconds=form.validated_data["grace_seconds"]),
                 created_by=access.user_for_audit(request))
         except KeyNotRotatable as exc:
             raise ValidationError({"detail": str(exc)}) from None

@@ -8,10 +8,11 @@ from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import redirect
 
+from gateway.portal.content_logging import switch
 from gateway.portal.forms import ContentLoggingForm
+from gateway.portal.models import ContentLoggingChange
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
-from tenants.content_logging import content_logging_changes, switch_content_logging
 from tenants.models import Tenant
 
 
@@ -21,14 +22,15 @@ def content_logging_page(request: TenantRequest) -> HttpResponse:
     form = ContentLoggingForm(request.POST or None, initial={"enabled": tenant.content_logging})
     if request.method == "POST" and form.is_valid():
         enabled = form.cleaned_data["enabled"]
-        if switch_content_logging(tenant, enabled, request.user, request.META.get("REMOTE_ADDR")):
+        if switch(tenant, enabled, request.user, request.META.get("REMOTE_ADDR")):
             messages.success(request, f"Content logging is now {'on' if enabled else 'off'}.")
         return redirect("portal:content_logging")
     return page(request, "portal/content_logging.html", {
         "form": form,
         "retention_days": getattr(tenant, "content_retention_days", None),
         "max_retention_days": getattr(settings, "CONTENT_LOG_MAX_RETENTION_DAYS", 30),
-        "changes": content_logging_changes(tenant)[:50],
+        "changes": ContentLoggingChange.objects.filter(tenant=tenant).select_related(
+            "changed_by")[:50],
         "access_log": _break_glass_entries(tenant),
     })
 

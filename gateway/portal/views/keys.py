@@ -58,7 +58,7 @@ def key_rotate(request: TenantRequest, pk: int) -> HttpResponse:
     form = RotateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
-            new, plaintext = rotate_key(old, grace=form.grace(), created_by=request.user)
+            new, plaintext = rotate_key(old, form.grace(), created_by=request.user)
         except KeyNotRotatable as exc:  # revoked or expired since the page was shown
             messages.error(request, str(exc))
             return redirect("portal:keys")
