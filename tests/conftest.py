@@ -19,8 +19,8 @@ def redis_client(settings):
     client.flushdb()
 
 
-# Tests make many users; PBKDF2 at its production cost would spend seconds per test on hashing.
-FAST_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Tests make many users: hash their passwords at one PBKDF2 iteration (tests/fast_hasher.py).
+FAST_HASHERS = ["tests.fast_hasher.FastPBKDF2PasswordHasher"]
 
 
 @pytest.fixture(autouse=True, scope="session")

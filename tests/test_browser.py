@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from tenants.models import Membership, Pool
 from tests import procs
@@ -74,11 +73,7 @@ def owner(system, redis_client) -> dict[str, Any]:
     ensure_pool()
     procs.wait_for_worker(redis_client, POOL, WORKER, system["worker"], timeout=10)
     tenant = make_tenant("acme")
-    user = make_user("owner")
-    # The gateway under test is another process, on the production hasher: the fast one that
-    # tests/conftest.py sets here would not verify there.
-    user.password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt())
-    user.save(update_fields=["password"])
+    user = make_user("owner")  # the gateway subprocess verifies the fast hash (fast_hasher.py)
     Membership.objects.create(user=user, tenant=tenant, role="owner")
     return {"tenant": tenant, "user": user, "url": system["url"]}
 

@@ -21,7 +21,6 @@ from gateway.portal import roles
 from tenants.models import Membership, Tenant
 
 SESSION_KEY = "portal_tenant_id"
-View = Callable[..., HttpResponse]
 
 
 class TenantRequest(HttpRequest):
