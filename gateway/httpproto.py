@@ -4,7 +4,7 @@ uvicorn bounds the idle time between requests (``--timeout-keep-alive``) but not
 client takes to send a request's headers: the keep-alive timer is cancelled by the first byte
 that arrives, and a new connection has no timer at all. A client could open connections and
 send a header line a minute, holding sockets and parser state forever. Here every connection
-must complete each request's headers within ``HEADER_READ_TIMEOUT_S`` (env, default 10 s) of
+must complete each request's headers within ``HEADER_READ_TIMEOUT_S`` (setting, default 10 s) of
 connecting or of its previous response, or it is closed. The body has its own deadline
 (``BODY_READ_TIMEOUT_S``, ``gateway.inference.bodylimit``). Run uvicorn with
 ``--http gateway.httpproto:BoundedHttpToolsProtocol`` (``tests/procs.py``, ``manage.py serve``).
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import asyncio
 
+from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway import shutdown
-from gateway.env import env_float
 
-HEADER_READ_TIMEOUT_S = env_float("HEADER_READ_TIMEOUT_S", 10.0, minimum=0.1)
 PROTOCOL = "gateway.httpproto:BoundedHttpToolsProtocol"
 
 
@@ -54,7 +53,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _arm_header_deadline(self) -> None:
         self._disarm_header_deadline()
-        self._header_deadline = self.loop.call_later(HEADER_READ_TIMEOUT_S, self._headers_late)
+        self._header_deadline = self.loop.call_later(settings.HEADER_READ_TIMEOUT_S,
+                                                     self._headers_late)
 
     def _disarm_header_deadline(self) -> None:
         if self._header_deadline is not None:

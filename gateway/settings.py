@@ -151,6 +151,20 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 # The whole body must arrive within this many seconds of the headers (else 408), so a client
 # that trickles its body cannot hold a connection and a task forever (gateway.inference.bodylimit).
 BODY_READ_TIMEOUT_S = env_float("BODY_READ_TIMEOUT_S", 30.0, minimum=0.1)
+# Each request's headers must arrive within this many seconds of connecting or of the previous
+# response (slow-loris guard, gateway.httpproto).
+HEADER_READ_TIMEOUT_S = env_float("HEADER_READ_TIMEOUT_S", 10.0, minimum=0.1)
+# A comment line on a stream idle this long, so proxies and clients keep it open.
+SSE_KEEPALIVE_SECONDS = env_float("SSE_KEEPALIVE_SECONDS", 15.0, minimum=0.05)
+# Bearer token for GET /metrics; empty = only clients on this host may read it.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# Overload shedding (gateway.inference.overload): a pool is overloaded when more requests are
+# queued than this factor times its running capacity (0: never shed); then tenants whose WFQ
+# backlog exceeds this many cost units are refused with 503.
+SHED_QUEUE_FACTOR = env_float("SHED_QUEUE_FACTOR", 4.0, minimum=0.0)
+SHED_VIRTUAL_BACKLOG = env_float("SHED_VIRTUAL_BACKLOG", 100_000.0, minimum=0.0)
+# The password bootstrap_demo gives the admin user it creates (empty: generate and print one).
+GATEWAY_ADMIN_PASSWORD = env_str("GATEWAY_ADMIN_PASSWORD", "")
 
 # Serving: the simulated engine's pool and heartbeat timing.
 WORKER_HEARTBEAT_SECONDS = env_float("WORKER_HEARTBEAT_SECONDS", 1.0, minimum=0.05)

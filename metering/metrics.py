@@ -11,6 +11,8 @@ live in Redis hashes that any process renders:
 - 429s by reason (``metrics:rejected``), counted by the gateway as it refuses.
 - active streams per tenant, and per pool the KV-cache use, running and waiting sequences,
   read at scrape time from the admission counters and the workers' heartbeat load.
+
+``RedisCollector`` hands them to prometheus_client, which writes the exposition format.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
 from infra.redis_conn import get_redis, key
 from metering.models import UsageRecord
@@ -78,102 +88,114 @@ def count_rejection(client: Any, tenant_id: object, model: str, reason: str) -> 
     return client.hincrby(rejected_key(), f"{tenant_id}|{model}|{reason}", 1)
 
 
-# -- rendering --------------------------------------------------------------------------------
+# -- exposition --------------------------------------------------------------------------------
+#
+# prometheus_client formats the text; RedisCollector reads the shared state at scrape time. Every
+# read is by name: the series index (for tenant x model), the one rejection hash, the tenants'
+# stream counters (the tenant list comes from the database) and the pools set. Nothing scans
+# the keyspace, so a scrape costs the same however many other keys Redis holds.
 
 
-def _labels(**labels: object) -> str:
-    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
-    return "{" + inner + "}"
+class RedisCollector(Collector):
+    """The gateway's metrics, as they stand in Redis (the same from every process)."""
+
+    def __init__(self, client: Any = None) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.client or get_redis()
+        tenants = dict(Tenant.objects.values_list("pk", "slug"))
+        per_tm, rejected, streams = _read_counters(r, list(tenants))
+        slug = {str(pk): name for pk, name in tenants.items()}.get
+        yield from _tenant_model_metrics(per_tm, slug)
+        limited = CounterMetricFamily(f"{PREFIX}_rate_limited", "Requests refused with 429, "
+                                      "by reason.", labels=["tenant", "model", "reason"])
+        for field, n in sorted(rejected.items()):
+            tenant, model, reason = field.split("|", 2)
+            limited.add_metric([slug(tenant, tenant), model, reason], n)
+        yield limited
+        active = GaugeMetricFamily(f"{PREFIX}_active_streams", "Open SSE streams per tenant "
+                                   "(all processes).", labels=["tenant"])
+        for pk, n in streams.items():
+            active.add_metric([tenants[pk]], n)
+        yield active
+        yield from _pool_metrics(r)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+Series = list[tuple[str, str, dict[str, str]]]  # (tenant id, model, hash fields)
 
 
-def _histogram(out: list[str], name: str, fields: Mapping[str, str], metric: str,
-               labels: dict[str, object]) -> None:
-    running = 0
-    for edge in (*(f"{e:g}" for e in BUCKETS_S), "+Inf"):
-        running += int(fields.get(f"{metric}:{edge}", 0))
-        out.append(f"{name}_bucket{_labels(**labels, le=edge)} {running}")
-    out.append(f"{name}_sum{_labels(**labels)} {float(fields.get(f'{metric}_sum_ms', 0)) / 1000}")
-    out.append(f"{name}_count{_labels(**labels)} {running}")
-
-
-def _tenant_names(ids: set[str]) -> dict[str, str]:
-    numeric = [int(i) for i in ids if i.isdigit()]
-    return {str(pk): slug for pk, slug in Tenant.objects.filter(pk__in=numeric)
-            .values_list("pk", "slug")}
-
-
-def render() -> str:
-    r = get_redis()
+def _read_counters(r: Any, tenant_ids: list[int]
+                   ) -> tuple[Series, dict[str, int], dict[int, int]]:
+    """One pipelined round trip after the index read: every series hash, the 429 counters and
+    the tenants' open-stream counters."""
     names = sorted(n.decode() for n in r.smembers(index_key()))
     pipe = r.pipeline(transaction=False)
     for name in names:
         pipe.hgetall(name)
-    hashes = pipe.execute()
-    rejected = {k.decode(): int(v) for k, v in r.hgetall(rejected_key()).items()}
-    streams = {k.decode().rsplit(":", 1)[1]: int(r.get(k) or 0)
-               for k in r.scan_iter(key("streams", "tenant", "*"), count=1000)}
+    pipe.hgetall(rejected_key())
+    if tenant_ids:
+        pipe.mget([key("streams", "tenant", pk) for pk in tenant_ids])
+    replies = pipe.execute()
     per_tm = []
-    for name, raw in zip(names, hashes, strict=True):
+    for name, raw in zip(names, replies, strict=False):
         tenant, model = name.split(":tm:", 1)[1].split(":", 1)
         per_tm.append((tenant, model, {k.decode(): v.decode() for k, v in raw.items()}))
-    slugs = _tenant_names({t for t, _, _ in per_tm} | {k.split("|")[0] for k in rejected}
-                          | set(streams))
-    out: list[str] = []
-    _tenant_model_metrics(out, per_tm, slugs)
-    out.append(f"# HELP {PREFIX}_rate_limited_total Requests refused with 429, by reason.")
-    out.append(f"# TYPE {PREFIX}_rate_limited_total counter")
-    for field, n in sorted(rejected.items()):
-        tenant, model, reason = field.split("|", 2)
-        labels = _labels(tenant=slugs.get(tenant, tenant), model=model, reason=reason)
-        out.append(f"{PREFIX}_rate_limited_total{labels} {n}")
-    out.append(f"# HELP {PREFIX}_active_streams Open SSE streams per tenant (all processes).")
-    out.append(f"# TYPE {PREFIX}_active_streams gauge")
-    for tenant, n in sorted(streams.items()):
-        out.append(f"{PREFIX}_active_streams{_labels(tenant=slugs.get(tenant, tenant))} {n}")
-    _pool_metrics(out, r)
-    return "\n".join(out) + "\n"
+    rejected = {k.decode(): int(v) for k, v in replies[len(names)].items()}
+    counts = replies[len(names) + 1] if tenant_ids else []
+    streams = {pk: int(v) for pk, v in zip(tenant_ids, counts, strict=True) if v and int(v)}
+    return per_tm, rejected, streams
 
 
-def _tenant_model_metrics(out: list[str], per_tm: list[tuple[str, str, dict[str, str]]],
-                          slugs: Mapping[str, str]) -> None:
-    out.append(f"# HELP {PREFIX}_requests_total Settled requests by status.")
-    out.append(f"# TYPE {PREFIX}_requests_total counter")
+def _tenant_model_metrics(per_tm: Series,
+                          slug: Callable[[str, str], str]) -> Iterator[Metric]:
+    requests = CounterMetricFamily(f"{PREFIX}_requests", "Settled requests by status.",
+                                   labels=["tenant", "model", "status"])
+    tokens = CounterMetricFamily(f"{PREFIX}_tokens", "Tokens billed, prompt (in) and "
+                                 "completion (out).", labels=["tenant", "model", "direction"])
     for tenant, model, fields in per_tm:
         for field, n in sorted(fields.items()):
             if field.startswith("requests:"):
-                labels = _labels(tenant=slugs.get(tenant, tenant), model=model,
-                                 status=field.split(":", 1)[1])
-                out.append(f"{PREFIX}_requests_total{labels} {n}")
-    out.append(f"# HELP {PREFIX}_tokens_total Tokens billed, prompt (in) and completion (out).")
-    out.append(f"# TYPE {PREFIX}_tokens_total counter")
-    for tenant, model, fields in per_tm:
+                requests.add_metric([slug(tenant, tenant), model, field.split(":", 1)[1]],
+                                    float(n))
         for direction in ("in", "out"):
-            labels = _labels(tenant=slugs.get(tenant, tenant), model=model, direction=direction)
-            out.append(f"{PREFIX}_tokens_total{labels} {fields.get(f'tokens_{direction}', 0)}")
+            tokens.add_metric([slug(tenant, tenant), model, direction],
+                              float(fields.get(f"tokens_{direction}", 0)))
+    yield requests
+    yield tokens
     for metric, name, text in (("ttft", "time_to_first_token_seconds", "Admission to first token."),
                                ("queue", "queue_wait_seconds", "Admission to dispatch.")):
-        out.append(f"# HELP {PREFIX}_{name} {text}")
-        out.append(f"# TYPE {PREFIX}_{name} histogram")
+        family = HistogramMetricFamily(f"{PREFIX}_{name}", text, labels=["tenant", "model"])
         for tenant, model, fields in per_tm:
-            _histogram(out, f"{PREFIX}_{name}", fields, metric,
-                       {"tenant": slugs.get(tenant, tenant), "model": model})
+            running, buckets = 0, []
+            for edge in (*(f"{e:g}" for e in BUCKETS_S), "+Inf"):
+                running += int(fields.get(f"{metric}:{edge}", 0))
+                buckets.append((edge, running))
+            family.add_metric([slug(tenant, tenant), model], buckets,
+                              float(fields.get(f"{metric}_sum_ms", 0)) / 1000)
+        yield family
 
 
-def _pool_metrics(out: list[str], r: Any) -> None:
+def _pool_metrics(r: Any) -> Iterator[Metric]:
+    """Per pool, from the queue and the live workers' heartbeat load (two pipelined trips)."""
     cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
-    rows: dict[str, dict[str, float]] = {}
-    for raw in sorted(r.smembers(key("pools"))):
-        pool = raw.decode()
-        agg = rows.setdefault(pool, defaultdict(float))
-        agg["queued"] = int(r.hlen(key("wfq", pool, "items")))
-        for wid in r.zrangebyscore(key("workers", pool), cutoff, "+inf"):
-            load = r.hgetall(key("worker", wid.decode(), "load"))
-            for field in ("running", "waiting", "kv_tokens_used", "kv_tokens_total"):
-                agg[field] += float(load.get(field.encode(), 0) or 0)
+    pools = sorted(p.decode() for p in r.smembers(key("pools")))
+    pipe = r.pipeline(transaction=False)
+    for pool in pools:
+        pipe.hlen(key("wfq", pool, "items"))
+        pipe.zrangebyscore(key("workers", pool), cutoff, "+inf")
+    first = pipe.execute()
+    pipe = r.pipeline(transaction=False)
+    owners = []
+    for i, pool in enumerate(pools):
+        for wid in first[2 * i + 1]:
+            pipe.hmget(key("worker", wid.decode(), "load"), *LOAD_FIELDS)
+            owners.append(pool)
+    rows: dict[str, dict[str, float]] = {
+        pool: defaultdict(float, queued=float(first[2 * i])) for i, pool in enumerate(pools)}
+    for pool, values in zip(owners, pipe.execute() if owners else [], strict=True):
+        for field, value in zip(LOAD_FIELDS, values, strict=True):
+            rows[pool][field] += float(value or 0)
     for name, help_text, value in (
         ("pool_kv_cache_usage_ratio", "KV-cache tokens in use / capacity (live workers).",
          lambda a: a["kv_tokens_used"] / a["kv_tokens_total"] if a["kv_tokens_total"] else 0.0),
@@ -181,9 +203,19 @@ def _pool_metrics(out: list[str], r: Any) -> None:
         ("pool_waiting_sequences", "Requests waiting: in the pool's queues and in the engines.",
          lambda a: a["queued"] + a["waiting"]),
     ):
-        out.append(f"# HELP {PREFIX}_{name} {help_text}")
-        out.append(f"# TYPE {PREFIX}_{name} gauge")
+        family = GaugeMetricFamily(f"{PREFIX}_{name}", help_text, labels=["pool"])
         for pool, agg in rows.items():
             v = value(agg)
-            out.append(f"{PREFIX}_{name}{_labels(pool=pool)} {v:g}" if math.isfinite(v)
-                       else f"{PREFIX}_{name}{_labels(pool=pool)} 0")
+            family.add_metric([pool], v if math.isfinite(v) else 0.0)
+        yield family
+
+
+LOAD_FIELDS = ("running", "waiting", "kv_tokens_used", "kv_tokens_total")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def render(client: Any = None) -> str:
+    """The Prometheus text exposition (the collector runs the ORM: call it from a thread)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RedisCollector(client))
+    return generate_latest(registry).decode()

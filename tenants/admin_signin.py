@@ -35,6 +35,7 @@ class IdentityProviderAdmin(admin.ModelAdmin):
     form = IdentityProviderForm
     list_display = ["name", "tenant", "issuer", "audience", "api_enabled", "sso_enabled"]
     list_filter = ["api_enabled", "sso_enabled"]
+    list_select_related = ["tenant"]
     search_fields = ["name", "issuer", "audience", "tenant__slug"]
     autocomplete_fields = ["tenant"]
 
@@ -42,6 +43,7 @@ class IdentityProviderAdmin(admin.ModelAdmin):
 @admin.register(ClientCertificate)
 class ClientCertificateAdmin(admin.ModelAdmin):
     list_display = ["name", "tenant", "fingerprint_sha256", "expires_at", "revoked_at"]
+    list_select_related = ["tenant"]
     search_fields = ["name", "fingerprint_sha256", "tenant__slug"]
     autocomplete_fields = ["tenant"]
 

@@ -140,18 +140,32 @@ def issue_key(
     return api_key, plaintext
 
 
-def rotate_key(old: ApiKey, grace: timedelta, *, created_by: Any = None) -> tuple[ApiKey, str]:
-    """A successor for ``old`` (same name, models, limits and expiry); ``old`` keeps working
-    for ``grace`` and never past the expiry it already had. Both commit together."""
-    if not old.is_usable():
-        raise ValueError("Only a usable key can be rotated.")
-    until = timezone.now() + grace
+class KeyNotRotatable(ValueError):
+    """Only a usable key (not revoked, not expired) can be rotated."""
+
+
+def rotate_key(
+    old: ApiKey, grace: timedelta, *, created_by: User | None = None,
+) -> tuple[ApiKey, str]:
+    """Issue a successor to ``old`` and let ``old`` expire after ``grace``; return the successor
+    and its plaintext. The one rule for rotation, behind the portal and the management API.
+
+    The successor keeps the name, the models, the expiry and the limits of ``old``. The grace
+    never extends ``old`` past the expiry it already had. The old row is locked while it is
+    checked and shortened, so a rotation racing a revocation either sees the key revoked and
+    refuses, or shortens it before the revocation lands; never revives it.
+    """
     with transaction.atomic():
+        locked = ApiKey.objects.select_for_update().get(pk=old.pk)
+        if not locked.is_usable():
+            raise KeyNotRotatable("Only a usable key can be rotated.")
         new, plaintext = issue_key(
-            old.tenant, old.name, allowed_models=list(old.allowed_models.all()),
-            expires_at=old.expires_at, created_by=created_by,
-            **{f: getattr(old, f) for f in LIMIT_FIELDS if getattr(old, f) is not None},
+            locked.tenant, locked.name, allowed_models=list(locked.allowed_models.all()),
+            expires_at=locked.expires_at, created_by=created_by,
+            **{f: getattr(locked, f) for f in LIMIT_FIELDS if getattr(locked, f) is not None},
         )
-        old.expires_at = min(until, old.expires_at) if old.expires_at else until
-        old.save(update_fields=["expires_at"])  # the save signal drops cached principals
+        until = timezone.now() + grace
+        locked.expires_at = min(until, locked.expires_at) if locked.expires_at else until
+        locked.save(update_fields=["expires_at"])  # the save signal drops cached principals
+    old.expires_at = locked.expires_at
     return new, plaintext

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypedDict
+
 import pytest
 
 
@@ -14,3 +17,65 @@ def redis_client(settings):
     client.flushdb()
     yield client
     client.flushdb()
+
+
+# Tests make many users: hash their passwords at one PBKDF2 iteration (tests/fast_hasher.py).
+FAST_HASHERS = ["tests.fast_hasher.FastPBKDF2PasswordHasher"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fast_passwords():
+    """One fast password hasher for the whole run (never in production settings)."""
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=FAST_HASHERS):
+        yield
+
+
+class LiveSystem(TypedDict):
+    """A running gateway and its pool's workers (real subprocesses)."""
+
+    url: str
+    port: int
+    gateway: Any  # tests.procs.Proc
+    worker: Any  # the first worker
+    workers: dict[str, Any]  # worker id -> Proc
+    pool: str
+
+
+@pytest.fixture(scope="module")
+def live_system(django_db_setup, django_db_blocker) -> Iterator[Callable[..., LiveSystem]]:
+    """Start a live system: ``live_system(pool=..., worker_ids=[...], env=..., prepare=...)``.
+
+    ``prepare`` puts the rows the processes read at start (it runs with the database open to
+    this module-scoped fixture); the call returns once every worker has registered and the
+    gateway answers. Whatever a module started stops when the module ends.
+    """
+    from infra.redis_conn import get_redis
+    from tests import procs
+
+    started: list[Any] = []
+
+    def start(*, pool: str, worker_ids: Sequence[str], env: Mapping[str, str] | None = None,
+              prepare: Callable[[], object] | None = None) -> LiveSystem:
+        if prepare is not None:
+            with django_db_blocker.unblock():
+                prepare()
+        workers = {wid: procs.start_worker(pool, worker_id=wid, env=env) for wid in worker_ids}
+        started.extend(workers.values())
+        gateway, url = procs.start_uvicorn(env=env)
+        started.append(gateway)
+        try:
+            for wid, proc in workers.items():
+                procs.wait_for_worker(get_redis(), pool, wid, proc)
+            procs.wait_for_http(url + "/healthz", gateway)
+        except BaseException:
+            for proc in (*workers.values(), gateway):
+                print(f"--- {proc.name}\n{proc.logs()[-3000:]}")
+            raise
+        return LiveSystem(url=url, port=int(url.rsplit(":", 1)[1]), gateway=gateway,
+                          worker=next(iter(workers.values())), workers=workers, pool=pool)
+
+    yield start
+    for proc in reversed(started):
+        proc.stop()

@@ -14,14 +14,13 @@ from rest_framework.test import APIClient
 from tenants.auth import AuthError, authenticate, clear_cache
 from tenants.models import ApiKey
 from tests.factories import bearer
-from tests.test_portal_world import FAST_HASHERS, build_world, record, roll_up, this_hour
+from tests.worlds import build_world, record, roll_up, this_hour
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def world(redis_client, settings):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def world(redis_client):
     clear_cache()
     return build_world()
 

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.management_tokens import issue_token
 from tenants.models import ApiKey, Invitation, ManagementToken, Pool, ServedModel, StaffGrant
-from tests.test_portal_world import FAST_HASHERS, build_world, make_user, this_hour
+from tests.worlds import build_world, make_user, this_hour
 
 pytestmark = pytest.mark.django_db
 T = "/api/tenants/acme"
@@ -91,8 +91,7 @@ ALIASES = {"token_billing": "billing", "token_other": "outsider",
 
 
 @pytest.fixture
-def world(redis_client, settings, tmp_path):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def world(redis_client, tmp_path):
     world = build_world()
     world.alert = SpendAlert.objects.create(tenant=world.tenant, threshold=10)
     done = tmp_path / "export.csv"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -283,14 +285,22 @@ def test_the_leader_going_away_hands_the_lookup_to_a_waiter(monkeypatch):
     _, plaintext = make_key(make_tenant())
     calls = _counting_load(monkeypatch)
 
-    async def one_leaves() -> Principal:
-        import asyncio
+    real_shield = asyncio.shield
 
+    async def one_leaves() -> Principal:
+        following = asyncio.Event()
+
+        def shield(future: Any) -> Any:  # a request starts waiting on a shared lookup
+            if any(future is shared for shared in auth._loading.values()):
+                following.set()
+            return real_shield(future)
+
+        monkeypatch.setattr(asyncio, "shield", shield)
         first = asyncio.ensure_future(aauthenticate(bearer(plaintext)))
         while not auth._loading:  # the first request now leads the (slow) lookup
             await asyncio.sleep(0.001)
         second = asyncio.ensure_future(aauthenticate(bearer(plaintext)))
-        await asyncio.sleep(0.005)  # (usually) waiting on the first's lookup by now
+        await asyncio.wait_for(following.wait(), 10)  # the second waits on the first's lookup
         first.cancel()  # its client disconnected during the lookup
         return await second
 

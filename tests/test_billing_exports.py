@@ -10,14 +10,13 @@ import pytest
 
 from metering.billing import exports
 from metering.billing.models import ExportJob
-from tests.test_portal_world import FAST_HASHERS, build_world, record, roll_up, this_hour
+from tests.worlds import build_world, record, roll_up, this_hour
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def world(redis_client, settings, tmp_path):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     settings.MEDIA_ROOT = tmp_path
     return build_world()
 

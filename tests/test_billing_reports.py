@@ -19,16 +19,15 @@ from metering.billing.models import Price
 from metering.billing.pricing import PriceBook
 from metering.models import UsageRecord
 from tests.factories import make_key
-from tests.test_portal_world import FAST_HASHERS, build_world, price, record, roll_up, this_hour
+from tests.worlds import build_world, price, record, roll_up, this_hour
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def usage(redis_client, settings):
+def usage(redis_client):
     """~300 records over 30 hours, 2 tenants, 4 keys (one deleted later), 3 models, one
     unpriced, a price change in the middle of the range and a record outside it."""
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     world = build_world()
     rng = random.Random(7)
     start = this_hour() - timedelta(hours=30)

@@ -25,7 +25,6 @@ def master(settings):
     settings.CONTENT_LOG_MASTER_KEYS = "k1:" + base64.b64encode(b"m" * 32).decode()
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.ADMINS = [("ops", "ops@platform.example")]
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast tests
     crypto.reset_keys()
     yield
     crypto.reset_keys()

@@ -29,7 +29,7 @@ import pytest
 from tenants.models import ApiKey, Membership, Pool
 from tests import procs
 from tests.factories import make_key, make_model, make_tenant
-from tests.test_portal_world import PASSWORD, make_user, price, record, roll_up, this_hour
+from tests.worlds import PASSWORD, make_user, price, record, roll_up, this_hour
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -62,23 +62,9 @@ def ensure_pool() -> None:
 
 
 @pytest.fixture(scope="module")
-def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
-    with django_db_blocker.unblock():
-        ensure_pool()
-        worker = procs.start_worker(POOL, worker_id=WORKER)
-        gateway, url = procs.start_uvicorn(env={"WHITENOISE_USE_FINDERS": "1"})
-    from infra.redis_conn import get_redis
-
-    try:
-        procs.wait_for_worker(get_redis(), POOL, WORKER, worker)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "gateway": gateway}
-    except BaseException:
-        print(worker.logs()[-3000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
+def system(live_system) -> dict[str, Any]:
+    return live_system(pool=POOL, worker_ids=[WORKER], prepare=ensure_pool,
+                       env={"WHITENOISE_USE_FINDERS": "1"})
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +89,7 @@ def owner(system, redis_client) -> dict[str, Any]:
     ensure_pool()
     procs.wait_for_worker(redis_client, POOL, WORKER, system["worker"], timeout=10)
     tenant, beta = make_tenant("acme"), make_tenant("beta")
-    user = make_user("owner")
+    user = make_user("owner")  # the gateway subprocess verifies the fast hash (fast_hasher.py)
     Membership.objects.create(user=user, tenant=tenant, role="owner")
     Membership.objects.create(user=user, tenant=beta, role="member")
     busy, _ = make_key(tenant, name="busy key")

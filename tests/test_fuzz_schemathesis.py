@@ -34,7 +34,7 @@ from tests import procs
 from tests import test_inference_live as live_module
 from tests.test_inference_live import MODEL
 from tests.test_inference_live import tenant_key as live_tenant_key
-from tests.test_portal_world import FAST_HASHERS, build_world
+from tests.worlds import build_world
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -137,8 +137,7 @@ def test_inference_api_fuzz(live, redis_client) -> None:
 
 
 @pytest.fixture
-def world(live, settings):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def world(live):
     return build_world()
 
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import key
 from tests import procs
 from tests.factories import make_key, make_tenant
 from tests.test_inference_live import (
@@ -45,22 +45,9 @@ API = "/api/tenants/acme/keys/"
 
 
 @pytest.fixture(scope="module")
-def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
-    with django_db_blocker.unblock():
-        ensure_pools()
-        worker = procs.start_worker("live-pool", worker_id="hostile-w1", env=ENV)
-        gateway, url = procs.start_uvicorn(env=ENV)
-    try:
-        procs.wait_for_worker(get_redis(), "live-pool", "hostile-w1", worker)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "gateway": gateway,
-               "port": int(url.rsplit(":", 1)[1])}
-    except BaseException:
-        print(worker.logs()[-3000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
+def system(live_system) -> dict[str, Any]:
+    return live_system(pool="live-pool", worker_ids=["hostile-w1"], env=ENV,
+                       prepare=ensure_pools)
 
 
 @pytest.fixture

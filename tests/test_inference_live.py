@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -24,6 +24,7 @@ from infra.redis_conn import key
 from tenants.models import Pool
 from tests import procs
 from tests.factories import make_key, make_model, make_tenant
+from tests.prom import value
 from workers.tokenization import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -54,23 +55,8 @@ def ensure_pools() -> None:
 
 
 @pytest.fixture(scope="module")
-def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
-    with django_db_blocker.unblock():
-        ensure_pools()
-        worker = procs.start_worker(POOL, worker_id="live-w1", env=SERVER_ENV)
-        gateway, url = procs.start_uvicorn(env=SERVER_ENV)
-    from infra.redis_conn import get_redis
-
-    try:
-        procs.wait_for_worker(get_redis(), POOL, "live-w1", worker)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "gateway": gateway}
-    except BaseException:
-        print(worker.logs()[-3000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
+def system(live_system) -> dict[str, Any]:
+    return live_system(pool=POOL, worker_ids=["live-w1"], env=SERVER_ENV, prepare=ensure_pools)
 
 
 @pytest.fixture
@@ -453,8 +439,9 @@ def test_idempotency_key_replays_conflicts_and_rejects_a_new_body(live, redis_cl
     assert theirs.status_code == 200 and theirs.json()["id"] != first.json()["id"]
 
 
-def test_idempotency_key_in_flight_is_409(live) -> None:
-    _, plain = tenant_key(ttft_deadline_s=1.5)
+def test_idempotency_key_in_flight_is_409(live, redis_client) -> None:
+    api_key, plain = tenant_key(ttft_deadline_s=1.5)
+    claim = key("idem", api_key.tenant_id, hashlib.sha256(b"slow").hexdigest())
     headers = {"Authorization": f"Bearer {plain}", "Idempotency-Key": "slow"}
     body = {"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 3}
     url = live["url"] + "/v1/chat/completions"
@@ -462,7 +449,7 @@ def test_idempotency_key_in_flight_is_409(live) -> None:
     worker = threading.Thread(target=lambda: results.append(
         httpx.post(url, json=body, headers=headers, timeout=30)))
     worker.start()
-    time.sleep(0.5)
+    procs.wait_until(lambda: redis_client.exists(claim), 10, "the first request's claim")
     second = httpx.post(url, json=body, headers=headers, timeout=30)
     worker.join()
     assert second.status_code == 409
@@ -537,10 +524,11 @@ def test_metrics_endpoint(live, redis_client) -> None:
     writer.flush()
     text = httpx.get(live["url"] + "/metrics", timeout=10).text
     slug = api_key.tenant.slug
-    assert f'igw_tokens_total{{tenant="{slug}",model="{MODEL}",direction="out"}} 3' in text
-    assert f'igw_rate_limited_total{{tenant="{slug}",model="{MODEL}",reason="too_large"}} 1' in text
-    assert f'igw_pool_running_sequences{{pool="{POOL}"}}' in text
-    assert f'igw_pool_kv_cache_usage_ratio{{pool="{POOL}"}}' in text
+    assert value(text, "igw_tokens_total", tenant=slug, model=MODEL, direction="out") == 3
+    assert value(text, "igw_rate_limited_total", tenant=slug, model=MODEL,
+                 reason="too_large") == 1
+    assert value(text, "igw_pool_running_sequences", pool=POOL) is not None
+    assert value(text, "igw_pool_kv_cache_usage_ratio", pool=POOL) is not None
 
 
 def test_content_is_logged_encrypted_only_for_tenants_that_opted_in(live, redis_client):

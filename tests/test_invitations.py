@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from tenants import invitations
 from tenants.models import Invitation, Membership
-from tests.test_portal_world import FAST_HASHERS, PASSWORD, build_world, make_user
+from tests.worlds import PASSWORD, build_world, make_user
 
 pytestmark = pytest.mark.django_db
 LINK = re.compile(r"https?://\S+/portal/invitation/[\w-]+/")
@@ -26,7 +26,6 @@ LINK = re.compile(r"https?://\S+/portal/invitation/[\w-]+/")
 
 @pytest.fixture
 def world(redis_client, settings):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     return build_world()
 
@@ -146,7 +145,6 @@ def test_the_members_page_lists_pending_invitations_and_only_owners_invite(world
 @pytest.mark.django_db(transaction=True)
 def test_two_acceptances_at_once_add_one_membership(redis_client, settings):
     """The invariant: one conditional UPDATE decides who uses the link."""
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     world = build_world()
     secrets: list[str] = []

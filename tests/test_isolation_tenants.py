@@ -1,5 +1,5 @@
 """Tenant isolation, endpoint family by endpoint family, with the owner / member / outsider trio
-of ``tests.test_portal_world`` (acme's owner and member; ``other``'s owner as the outsider),
+of ``tests.worlds`` (acme's owner and member; ``other``'s owner as the outsider),
 plus the billing seat and platform staff (without permissions, and a superuser) where they
 apply: staff have no tenant role anywhere without a grant.
 
@@ -20,7 +20,6 @@ tenant, never for another), Last-Event-ID and models for the trio.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -30,7 +29,6 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from infra.redis_conn import get_redis
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import clear_cache
 from tenants.management_tokens import issue_token
@@ -39,14 +37,13 @@ from tenants.salts import cache_salt, platform_salt
 from tests import procs
 from tests.factories import make_model
 from tests.test_inference_live import SERVER_ENV, ensure_pools
-from tests.test_portal_world import FAST_HASHERS, build_world, record, roll_up, this_hour
+from tests.worlds import build_world, record, roll_up, this_hour
 
 TRIO = ("owner", "member", "outsider")
 
 
 @pytest.fixture
-def world(redis_client, settings, tmp_path):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def world(redis_client, tmp_path):
     clear_cache()
     world = build_world()
     world.alert = SpendAlert.objects.create(tenant=world.tenant, threshold=10)
@@ -214,24 +211,13 @@ LONG = [{"role": "user", "content": "Tell me about the weather in a long sentenc
 
 
 @pytest.fixture(scope="module")
-def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
-    env = {**SERVER_ENV, "METRICS_TOKEN": METRICS_TOKEN}
-    with django_db_blocker.unblock():
-        ensure_pools()
-        worker = procs.start_worker(POOL, worker_id="iso-w1", env=env)
-        gateway, url = procs.start_uvicorn(env=env)
-    try:
-        procs.wait_for_worker(get_redis(), POOL, "iso-w1", worker)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker}
-    finally:
-        gateway.stop()
-        worker.stop()
+def system(live_system) -> dict[str, Any]:
+    return live_system(pool=POOL, worker_ids=["iso-w1"], prepare=ensure_pools,
+                       env={**SERVER_ENV, "METRICS_TOKEN": METRICS_TOKEN})
 
 
 @pytest.fixture
-def live(system, redis_client, settings) -> dict[str, Any]:
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def live(system, redis_client) -> dict[str, Any]:
     ensure_pools()
     procs.wait_for_worker(redis_client, POOL, "iso-w1", system["worker"], timeout=10)
     clear_cache()
@@ -322,13 +308,13 @@ def test_metrics_need_the_metrics_token_not_a_tenant_credential(live) -> None:
     assert ok.status_code == 200 and "igw_" in ok.text
 
 
-def _metrics_status(client: tuple[str, int] | None, monkeypatch, token: str = "",
+def _metrics_status(client: tuple[str, int] | None, settings, token: str = "",
                     auth: bytes | None = None) -> int:
     from asgiref.testing import ApplicationCommunicator
 
     from gateway.inference import consumers
 
-    monkeypatch.setattr(consumers, "METRICS_TOKEN", token)
+    settings.METRICS_TOKEN = token
     scope = {"type": "http", "method": "GET", "path": "/metrics", "query_string": b"",
              "headers": [(b"authorization", auth)] if auth else [], "client": client}
 
@@ -343,13 +329,13 @@ def _metrics_status(client: tuple[str, int] | None, monkeypatch, token: str = ""
 
 
 @pytest.mark.django_db
-def test_metrics_without_a_token_answer_only_this_host(redis_client, monkeypatch) -> None:
+def test_metrics_without_a_token_answer_only_this_host(redis_client, settings) -> None:
     """The labels name every tenant: with no METRICS_TOKEN, a remote peer (a tenant, anyone)
     is refused; the host's own scraper still reads them."""
-    assert _metrics_status(("10.1.2.3", 5555), monkeypatch) == 403
-    assert _metrics_status(("2001:db8::1", 5555), monkeypatch) == 403
-    assert _metrics_status(("127.0.0.1", 5555), monkeypatch) == 200
-    assert _metrics_status(("10.1.2.3", 5555), monkeypatch, token="t",
+    assert _metrics_status(("10.1.2.3", 5555), settings) == 403
+    assert _metrics_status(("2001:db8::1", 5555), settings) == 403
+    assert _metrics_status(("127.0.0.1", 5555), settings) == 200
+    assert _metrics_status(("10.1.2.3", 5555), settings, token="t",
                            auth=b"Bearer t") == 200
-    assert _metrics_status(("127.0.0.1", 5555), monkeypatch, token="t",
+    assert _metrics_status(("127.0.0.1", 5555), settings, token="t",
                            auth=b"Bearer x") == 401

@@ -156,7 +156,7 @@ def test_no_plaintext_anywhere_in_the_database(admin_client, redis_client, caplo
     response = admin_client.post("/admin/tenants/apikey/add/", {
         "tenant": tenant.pk, "name": "from admin", "allowed_models": [model.pk],
         "expires_at_0": "", "expires_at_1": "",
-    })
+    }, follow=True)  # POST-redirect-GET: the GET shows the key once and drops it from the session
     plaintexts.append(KEY_RE.search(response.content.decode()).group(0))
     for plaintext in plaintexts:
         assert authenticate(bearer(plaintext)).tenant_id == tenant.pk
@@ -181,3 +181,37 @@ def test_issue_key_sets_models_expiry_and_caps():
     assert list(api_key.allowed_models.all()) == [model]
     assert api_key.input_tpm == 1000 and api_key.output_tpm is None
     assert plaintext not in {api_key.key_hash, api_key.prefix, api_key.last_four}
+
+
+@pytest.mark.django_db
+def test_rotate_key_copies_the_key_and_never_extends_the_old_one():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    tenant, model = make_tenant(), make_model()
+    soon = timezone.now() + timedelta(hours=1)
+    old, _ = issue_key(tenant, "ci", allowed_models=[model], expires_at=soon, input_tpm=500)
+    new, plaintext = keys.rotate_key(old, timedelta(days=7))
+    assert (new.name, new.expires_at, new.input_tpm) == ("ci", soon, 500)
+    assert list(new.allowed_models.all()) == [model]
+    assert authenticate(bearer(plaintext)).key_id == new.pk
+    old.refresh_from_db()
+    assert old.expires_at == soon  # a 7-day grace does not outlive the hour it had left
+    keys.rotate_key(new, timedelta(seconds=60))
+    new.refresh_from_db()
+    assert new.expires_at <= timezone.now() + timedelta(seconds=60)
+
+
+@pytest.mark.django_db
+def test_a_revoked_key_is_not_rotated():
+    from datetime import timedelta
+
+    old, _ = make_key()
+    stale = ApiKey.objects.get(pk=old.pk)  # a copy loaded before the revocation
+    old.revoke()
+    with pytest.raises(keys.KeyNotRotatable):
+        keys.rotate_key(stale, timedelta(hours=1))
+    assert ApiKey.objects.count() == 1
+    stale.refresh_from_db()
+    assert stale.expires_at is None and stale.revoked_at is not None

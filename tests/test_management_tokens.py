@@ -14,14 +14,13 @@ from rest_framework.test import APIClient
 from tenants import membership
 from tenants.management_tokens import issue_token, verify
 from tenants.models import ManagementToken, Membership
-from tests.test_portal_world import FAST_HASHERS, build_world
+from tests.worlds import build_world
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def world(redis_client, settings):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     world = build_world()
     # A second owner, so the first can be demoted or removed.
     Membership.objects.filter(user=world.users["member"], tenant=world.tenant).update(role="owner")

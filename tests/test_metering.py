@@ -15,6 +15,7 @@ from metering import rollups, writer
 from metering.admin import CappedCountPaginator
 from metering.models import UsageRecord, UsageRollup
 from metering.tasks import flush_usage, rollup_usage
+from tests.prom import samples, value
 
 pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 11, 30, 9, 15, tzinfo=UTC)
@@ -192,16 +193,47 @@ def test_flush_feeds_the_prometheus_counters(redis_client) -> None:
     redis_client.set(writer.key("streams", "tenant", tenant.pk), 2)
     redis_client.hincrby(metrics.rejected_key(), f"{tenant.pk}|sim-small|input_tokens", 3)
     flush_usage()
-    text = metrics.render()
-    lines = set(text.splitlines())
-    label = 'tenant="metered",model="sim-small"'
-    assert f'igw_requests_total{{{label},status="ok"}} 1' in lines
-    assert f'igw_requests_total{{{label},status="cancelled"}} 1' in lines
-    assert f'igw_tokens_total{{{label},direction="in"}} 12' in lines
-    assert f'igw_tokens_total{{{label},direction="out"}} 7' in lines
+    got = samples(metrics.render())
+    labels = {"tenant": "metered", "model": "sim-small"}
+
+    def at(name: str, **more: str) -> float | None:
+        return got.get((name, frozenset({**labels, **more}.items())))
+
+    assert at("igw_requests_total", status="ok") == 1
+    assert at("igw_requests_total", status="cancelled") == 1
+    assert at("igw_tokens_total", direction="in") == 12
+    assert at("igw_tokens_total", direction="out") == 7
     # Both records had a 20.4 ms TTFT: in the 0.05 s bucket and every one above it.
-    assert f'igw_time_to_first_token_seconds_bucket{{{label},le="0.05"}} 2' in lines
-    assert f'igw_time_to_first_token_seconds_count{{{label}}} 2' in lines
-    assert f'igw_queue_wait_seconds_bucket{{{label},le="+Inf"}} 2' in lines
-    assert f'igw_rate_limited_total{{{label},reason="input_tokens"}} 3' in lines
-    assert 'igw_active_streams{tenant="metered"} 2' in lines
+    assert at("igw_time_to_first_token_seconds_bucket", le="0.05") == 2
+    assert at("igw_time_to_first_token_seconds_bucket", le="0.01") is None  # not an edge
+    assert at("igw_time_to_first_token_seconds_count") == 2
+    assert at("igw_time_to_first_token_seconds_sum") == pytest.approx(0.04)  # 20 ms each, as stored
+    assert at("igw_queue_wait_seconds_bucket", le="+Inf") == 2
+    assert at("igw_rate_limited_total", reason="input_tokens") == 3
+    assert got[("igw_active_streams", frozenset({"tenant": "metered"}.items()))] == 2
+
+
+def test_a_scrape_reads_by_name_and_never_scans_the_keyspace(redis_client, monkeypatch) -> None:
+    """The cost of a scrape must not grow with the keys Redis holds (streams, queues, buckets):
+    every read names its keys (the series index, the tenants' counters, the pools set)."""
+    import redis as redis_py
+
+    from metering import metrics
+    from tests.factories import make_tenant
+
+    tenant = make_tenant("scanned")
+    redis_client.set(writer.key("streams", "tenant", tenant.pk), 1)
+    push(redis_client, record("s1", tenant=tenant.pk))
+    flush_usage()
+    sent: list[str] = []
+    for cls in (redis_py.Redis, redis_py.client.Pipeline):
+        real = cls.execute_command
+
+        def spy(self, *args, _real=real, **kwargs):
+            sent.append(str(args[0]).upper())
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "execute_command", spy)
+    text = metrics.render()
+    assert sent and not {"SCAN", "KEYS"} & set(sent), sent
+    assert value(text, "igw_active_streams", tenant="scanned") == 1

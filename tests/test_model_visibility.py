@@ -13,14 +13,13 @@ from rest_framework.test import APIClient
 from gateway.inference import pools
 from gateway.inference.errors import ApiError
 from tests.factories import make_model, make_pool
-from tests.test_portal_world import FAST_HASHERS, build_world, make_user
+from tests.worlds import build_world, make_user
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def world(redis_client, settings):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     world = build_world()
     make_pool(make_model("private", tokenizer_path="/models/private/tok.json"),
               name="other-only", dedicated_to=world.other)
@@ -70,7 +69,6 @@ def _choose(model: str, tenant_id: int) -> int:
 @pytest.mark.django_db(transaction=True)
 def test_v1_routing_answers_404_for_another_tenants_private_model(redis_client, settings):
     """Before: 503 ``no_pool``, which told the caller the model exists."""
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     world = build_world()
     make_pool(make_model("private"), name="other-only", dedicated_to=world.other)
     pools.forget_catalog()

@@ -249,10 +249,8 @@ def test_one_issuer_and_audience_belongs_to_one_tenant(idp):
                                         audience=AUDIENCE, jwks_url=idp.jwks_url)
 
 
-def test_the_admin_never_renders_the_sso_client_secret(db, client, settings):
+def test_the_admin_never_renders_the_sso_client_secret(db, client):
     from django.contrib.auth import get_user_model
-
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     provider = IdentityProvider.objects.create(
         tenant=make_tenant(), name="x", issuer=ISSUER, audience="a",
         jwks_url="https://idp.example/jwks", sso_client_secret="VERY-SECRET-VALUE")

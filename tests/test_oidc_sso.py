@@ -22,11 +22,6 @@ from tests.factories import make_tenant
 ISSUER = "https://login.acme.example/"
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def provider(db):
     return IdentityProvider.objects.create(
@@ -138,7 +133,6 @@ class FakeProvider:
 
 @pytest.fixture
 def live_provider(db, settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.LOGIN_REDIRECT_URL = "/after-login/"
     fake = FakeProvider(ec.generate_private_key(ec.SECP256R1()))
     registration = IdentityProvider.objects.create(
@@ -205,7 +199,7 @@ def test_first_sso_sign_in_from_an_invitation_accepts_it(client, live_provider, 
     member with the invited role (above the provider's default)."""
     from django.core import mail
 
-    from tests.test_portal_world import make_user
+    from tests.worlds import make_user
 
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     fake, registration = live_provider

@@ -17,7 +17,7 @@ from tenants.models import Membership
 from tests import procs
 from tests.factories import make_tenant
 from tests.test_inference_live import MODEL, POOL, SERVER_ENV, ensure_pools
-from tests.test_portal_world import PASSWORD, make_user
+from tests.worlds import PASSWORD, make_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 WORKER_ID = "onboarding-w1"

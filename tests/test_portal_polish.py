@@ -22,14 +22,13 @@ from metering.billing.models import Price, SpendAlert
 from tenants.auth import clear_cache
 from tenants.models import ApiKey, Pool
 from tests.factories import make_tenant
-from tests.test_portal_world import FAST_HASHERS, build_world, price, record, roll_up, this_hour
+from tests.worlds import build_world, price, record, roll_up, this_hour
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def world(redis_client, settings):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     clear_cache()
     return build_world()
 
@@ -297,7 +296,6 @@ def test_break_glass_read_page_shows_chat_as_text(client, settings):
     from gateway.contentlog import breakglass, crypto, store
 
     settings.CONTENT_LOG_MASTER_KEYS = "k1:" + base64.b64encode(b"m" * 32).decode()
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     crypto.reset_keys()
     try:
         tenant, now = make_tenant("acme"), timezone.now()

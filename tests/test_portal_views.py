@@ -10,11 +10,12 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from metering import metrics
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import AuthError, authenticate, clear_cache
-from tenants.models import ApiKey, ContentLoggingChange, ManagementToken, Tenant
+from tenants.models import ApiKey, ContentLoggingChange, IdentityProvider, ManagementToken, Tenant
 from tests.factories import bearer, make_tenant
-from tests.test_portal_world import FAST_HASHERS, build_world, record, roll_up, this_hour
+from tests.worlds import build_world, record, roll_up, this_hour
 
 pytestmark = pytest.mark.django_db
 KEY_RE = re.compile(r"igw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}")
@@ -30,8 +31,7 @@ ALLOWED = {
 
 
 @pytest.fixture
-def world(redis_client, settings):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
+def world(redis_client):
     clear_cache()
     return build_world()
 
@@ -63,7 +63,7 @@ def test_sign_in_required_and_outsider_sees_only_their_tenant(client, world):
 
 
 def test_login_page_signs_in(client, world):
-    from tests.test_portal_world import PASSWORD
+    from tests.worlds import PASSWORD
 
     response = client.post(reverse("portal:login"), {"username": "owner", "password": PASSWORD})
     assert response.status_code == 302
@@ -323,9 +323,6 @@ def test_staff_without_a_membership_sees_no_tenant_page(client, world):
 
 
 def test_login_page_offers_the_tenants_sso_providers(client, world):
-    pytest.importorskip("gateway.sso", reason="enterprise sign-in (issue 8) is not installed")
-    from tenants.models import IdentityProvider
-
     provider = IdentityProvider.objects.create(
         tenant=world.tenant, name="Acme Okta", issuer="https://idp.example.test",
         sso_enabled=True, sso_client_id="portal",
@@ -338,7 +335,6 @@ def test_login_page_offers_the_tenants_sso_providers(client, world):
 
 
 def test_usage_page_lists_this_tenants_429s_by_reason(client, world, redis_client):
-    metrics = pytest.importorskip("metering.metrics")
     redis_client.hincrby(metrics.rejected_key(), f"{world.tenant.id}|sim-small|tokens", 3)
     redis_client.hincrby(metrics.rejected_key(), f"{world.tenant.id}|sim-small|concurrency", 1)
     redis_client.hincrby(metrics.rejected_key(), f"{world.other.id}|sim-small|secret-reason", 9)

@@ -47,3 +47,45 @@ def test_bad_value_stops_startup_naming_the_setting(name, value):
 def test_secret_read_from_a_missing_file_names_the_setting(tmp_path):
     done = start(SECRET_KEY_FILE=str(tmp_path / "absent"))
     assert done.returncode != 0 and "SECRET_KEY_FILE" in done.stderr
+
+
+# -- one place reads the environment -----------------------------------------------------------
+
+ENV_READERS = {"env_str", "env_int", "env_float", "env_bool", "env_list", "getenv"}
+# Reads that are not settings: the variable a pool's configuration names for its upstream's
+# secret (chosen per pool by the operator, read when the engine connects).
+ALLOWED = {("workers/engine/upstream.py", "get")}
+
+
+def _environment_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for every read of the environment in one module."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in ENV_READERS:
+                found.append((node.lineno, name))
+            elif (name == "get" and isinstance(func, ast.Attribute)
+                  and isinstance(func.value, ast.Attribute) and func.value.attr == "environ"):
+                found.append((node.lineno, "get"))
+        elif (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+              and isinstance(node.value, ast.Attribute) and node.value.attr == "environ"):
+            found.append((node.lineno, "subscript"))
+    return found
+
+
+def test_settings_are_read_from_the_environment_only_in_settings_py():
+    """Every setting is read once, in gateway/settings.py (where a bad value stops start-up and
+    the README's table lists it); modules read ``django.conf.settings``, which tests override."""
+    offenders = []
+    for package in ("gateway", "tenants", "metering", "workers"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in ("gateway/settings.py", "gateway/env.py") or "/migrations/" in rel:
+                continue
+            offenders += [f"{rel}:{line} ({what})" for line, what in _environment_reads(path)
+                          if (rel, what) not in ALLOWED]
+    assert offenders == []

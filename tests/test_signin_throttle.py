@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from tests.test_portal_world import FAST_HASHERS, PASSWORD, make_user
+from tests.worlds import PASSWORD, make_user
 
 pytestmark = pytest.mark.django_db
 LIMIT = 3
@@ -17,7 +17,6 @@ FORMS = {"portal": "/portal/login/", "admin": "/admin/login/"}
 
 @pytest.fixture
 def users(settings):
-    settings.PASSWORD_HASHERS = FAST_HASHERS
     settings.AXES_FAILURE_LIMIT = LIMIT
     return make_user("owner", is_staff=True), make_user("bystander", is_staff=True)
 

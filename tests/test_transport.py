@@ -110,6 +110,22 @@ def test_resume_after_last_event_id_and_after_the_end(redis_client):
     assert arun(read(ids[2])) == ids[3:]  # Last-Event-ID: resume just after it
 
 
+async def reader_blocked(after_reads: int = -1, timeout: float = 5.0) -> None:
+    """Wait until the shared reader's XREAD is blocked in Redis (CLIENT LIST flag ``b``), after
+    more than ``after_reads`` completed reads: the state a test must reach before it interrupts
+    the read, observed rather than guessed with a sleep."""
+    reader, client = transport.reader(), get_async_redis()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn_id = reader._conn_id
+        if reader.reads > after_reads and conn_id is not None:
+            clients = await client.client_list()
+            if any(c["id"] == str(conn_id) and "b" in c["flags"] for c in clients):
+                return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the stream reader never blocked in XREAD")
+
+
 def test_new_subscription_interrupts_a_blocked_read(redis_client):
     """The reader blocks up to READ_BLOCK_MS; a new stream must not wait that long."""
     _admit("slow")
@@ -117,7 +133,7 @@ def test_new_subscription_interrupts_a_blocked_read(redis_client):
 
     async def main() -> float:
         idle = asyncio.create_task(anext(transport.subscribe("slow")))
-        await asyncio.sleep(0.3)  # the reader is now blocked on "slow" alone
+        await reader_blocked()  # the reader is now blocked on "slow" alone
         batch = StepBatch()
         batch.add("late", "x", 1)
         await batch.flush(get_async_redis(), 60)
@@ -178,10 +194,10 @@ def test_a_burst_of_new_subscriptions_interrupts_the_read_once(redis_client):
 
     async def main() -> tuple[int, list[int]]:
         idle = transport.open_subscription("idle")
-        await asyncio.sleep(0.3)  # the reader is blocked on one stream
+        await reader_blocked()  # the reader is blocked on one stream
         before = transport.reader().reads
         subs = [transport.open_subscription(rid) for rid in rids]  # no await in between
-        await asyncio.sleep(0.2)
+        await reader_blocked(after_reads=before)  # interrupted, and blocked again on them all
         reads = transport.reader().reads - before
         await _write_steps(rids, 3)
         got = [[(await s.next(10)).fields.get("t") for _ in range(3)] for s in subs]

@@ -126,7 +126,7 @@ def test_max_tokens_is_clamped_to_the_context_window_and_priority_is_opt_in() ->
     assert body["priority"] == -4
     with pytest.raises(EngineError) as info:
         build_body(req(), settings(max_model_len=len(IDS)), TOK, "m")
-    assert info.value.retryable is False
+    assert info.value.retryable is False and info.value.refused  # the client's 400, uncharged
 
 
 def test_a_request_without_salt_is_refused_before_any_call() -> None:
@@ -187,14 +187,17 @@ def test_a_length_finish_counts_exactly_max_tokens_without_ids() -> None:
 # -- errors and timeouts -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("status", "retryable"), [(400, False), (404, False), (422, False),
-                                                    (429, True), (500, True), (503, True)])
-def test_http_errors_map_to_retryable_or_final(status: int, retryable: bool) -> None:
+@pytest.mark.parametrize(("status", "retryable", "refused"), [
+    (400, False, True), (404, False, False), (422, False, True), (429, True, False),
+    (500, True, False), (503, True, False)])
+def test_http_errors_map_to_retryable_or_final(status: int, retryable: bool,
+                                               refused: bool) -> None:
     error = {"error": {"message": "upstream says no", "type": "x", "code": status}}
     fake = Fake(lambda r: httpx.Response(status, json=error))
     with pytest.raises(EngineError) as info:
         generate(settings(), fake, req())
     assert info.value.retryable is retryable
+    assert info.value.refused is refused  # a 4xx about the request, before any output
     assert "upstream says no" in str(info.value)
     assert info.value.usage is not None and info.value.usage.output_tokens == 0
 

@@ -31,7 +31,8 @@ from tests.procs import (
 from workers.engine.base import SamplingParams
 from workers.tokenization import load_tokenizer
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+# django_db: the session then sets up the test database, which the module fixture fills.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.django_db]
 
 WORKER_ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "1.5"}
 LIMITS = AdmissionLimits(
@@ -107,6 +108,12 @@ def usage_records() -> dict[str, dict]:
                                             get_redis().lrange(usage_pending_key(), 0, -1))}
 
 
+def all_records(count: int) -> dict[str, dict] | None:
+    """The usage records once there are ``count`` of them."""
+    records = usage_records()
+    return records if len(records) == count else None
+
+
 def wait_for_record(rid: str, timeout: float = 10.0) -> dict:
     return wait_until(lambda: usage_records().get(rid), timeout, f"usage record of {rid}")
 
@@ -132,9 +139,7 @@ def test_three_tenants_complete_and_settle(workers, redis_client):
         return await asyncio.gather(*(one(t, i) for t in (1, 2, 3) for i in range(3)))
 
     results = arun(main())
-    time.sleep(0.1)
-    records = usage_records()
-    assert len(records) == 9
+    records = wait_until(lambda: all_records(9), 10, "nine usage records")
     totals: dict[int, int] = {}
     for tenant, rid, text, tokens, last in results:
         assert isinstance(last, FinishEvent), last
@@ -247,6 +252,38 @@ def test_engine_error_ends_the_stream_and_settles(workers, redis_client):
     assert isinstance(last, ErrorEvent) and last.code == "engine_error"
     record = wait_for_record("req-it-fail")
     assert record["status"] == "error" and record["error_code"] == "engine_error"
+    assert_all_released(redis_client)
+
+
+def test_a_prompt_the_engine_refuses_is_a_400_and_charged_nothing(workers, redis_client):
+    """A request the gateway admitted but the engine turns down (here a prompt beyond the
+    engine's context window, as after the window was raised in the admin while this worker
+    kept the old one) ends with ``engine_refused``: the client's 400, never a 500, and the
+    tokens charged at admission all go back."""
+    from gateway.inference.consumers import failure
+
+    ids = (prompt("Tell me a long story about the sea. ") * 1000)[:9000]  # the window is 8192
+    bucket = key("bucket", "tenant", 80, "in")
+
+    async def main():
+        sub = await submit(tenant_id=80, key_id=80, weight=1.0, model="it-sim",
+                           pool="it-main", prompt_token_ids=ids,
+                           sampling=SamplingParams(max_tokens=9), limits=LIMITS, stream=True,
+                           request_id="req-it-refused")
+        charged = float(redis_client.hget(bucket, "level"))
+        return charged, await run_request(sub)
+
+    charged, (_text, tokens, last) = arun(main())
+    assert tokens == 0 and isinstance(last, ErrorEvent)
+    assert (last.code, last.retryable) == ("engine_refused", False)
+    assert "context window (8192)" in last.message
+    error = failure(last, 0)
+    assert (error.status, error.type) == (400, "invalid_request_error")
+    record = wait_for_record("req-it-refused")
+    assert record["status"] == "error" and record["error_code"] == "engine_refused"
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (0, 0)
+    # 9000 tokens were taken at admission; the settle gave them all back (a full bucket).
+    assert charged <= 1_000_000 - 9000 and float(redis_client.hget(bucket, "level")) == 1_000_000
     assert_all_released(redis_client)
 
 

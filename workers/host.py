@@ -56,6 +56,7 @@ from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
 
 log = logging.getLogger(__name__)
 
+REFUSED = "engine_refused"  # the error code of a request the engine turned down (EngineError)
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
 
 
@@ -327,6 +328,9 @@ class EngineHost:
                         "output for this request; please retry.", retryable=True))
                 return
         except EngineError as exc:
+            if exc.refused and not entry.first_sent:
+                await self._refused(rid, exc)
+                return
             usage = getattr(exc, "usage", None)
             await self._settle(
                 rid, Status.ERROR, FinishReason.ERROR,
@@ -341,6 +345,13 @@ class EngineHost:
                                                            retryable=True))
             return
         await self._finish(entry, last)
+
+    async def _refused(self, rid: str, exc: EngineError) -> None:
+        """The engine turned the request down before any work: settled with nothing used, so
+        nothing is charged, and the gateway answers 400 (``engine_refused``)."""
+        await self._settle(rid, Status.ERROR, FinishReason.ERROR, 0, 0, 0,
+                           error_code=REFUSED,
+                           event=transport.error_event(REFUSED, str(exc), retryable=False))
 
     def _valid_ids(self, ids: list[int]) -> bool:
         if not ids:
@@ -479,6 +490,10 @@ class EngineHost:
             "max_running": load.max_running, "kv_tokens_used": load.kv_tokens_used,
             "kv_tokens_total": load.kv_tokens_total, "kv_tokens_reserved": self._reserved_kv(),
             "in_flight": len(self.running), "draining": int(self._draining),
+            # The context window this engine was built with: the gateway sizes requests by
+            # the smallest its live workers advertise, not by the database's current value,
+            # which may have changed since they started (gateway.inference.pools).
+            "max_model_len": self.spec.max_model_len,
         }
         args: list[Any] = [self.worker_id, self.spec.name, max(10, int(self.dead_after_s * 3))]
         for name, value in fields.items():

@@ -32,6 +32,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class ContentRecordAdmin(ReadOnlyAdmin):
     list_display = ["request_id", "tenant", "created_at", "expires_at", "key_version"]
     list_filter = ["tenant"]
+    list_select_related = ["tenant"]
     fields = ["id", "tenant", "request_id", "created_at", "expires_at", "key_version"]
     readonly_fields = fields
     show_full_result_count = False  # no COUNT(*) over a large table
@@ -43,6 +44,7 @@ class ContentRecordAdmin(ReadOnlyAdmin):
 @admin.register(TenantKey)
 class TenantKeyAdmin(ReadOnlyAdmin):
     list_display = ["tenant", "version", "active", "master_kid", "created_at"]
+    list_select_related = ["tenant"]
     fields = ["tenant", "version", "active", "master_kid", "created_at"]
     readonly_fields = fields
 
@@ -83,6 +85,7 @@ class BreakGlassGrantAdmin(ReadOnlyAdmin):
     list_display = ["pk", "tenant", "requested_by", "state", "approved_by", "self_approved",
                     "records_from", "records_until", "access_until"]
     list_filter = ["state", "self_approved", "tenant"]
+    list_select_related = ["tenant", "requested_by", "approved_by"]
     readonly_fields = [f.name for f in BreakGlassGrant._meta.fields]
     actions = ["approve_selected", "deny_selected"]
 

@@ -20,8 +20,8 @@ that entry, for as long as the stream is kept (``accounting.STREAM_TTL_AFTER_END
 end). A disconnect cancels the generation, so a resumed stream ends where generation stopped;
 resuming a finished stream replays the rest of it, [DONE] included.
 
-Settings (environment): ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open to
-loopback clients only).
+Settings: ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open to loopback
+clients only).
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import redis
-from asgiref.sync import sync_to_async
 from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.env import env_float, env_str
 from gateway.inference import facade, idempotency, overload, sse
 from gateway.inference.admission import size_request, tokenize
 from gateway.inference.bodylimit import read_bounded_body
@@ -54,17 +53,16 @@ from gateway.inference.errors import (
     server_error,
     unavailable,
 )
-from gateway.inference.pools import PoolInfo, choose_pool, visible_models
+from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
 from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
 from gateway.inference.responses import ChunkTemplate, completion_body, models_body
+from gateway.orm import in_thread
 from infra.redis_conn import get_async_redis
 from metering import metrics
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_S = env_float("SSE_KEEPALIVE_SECONDS", 15.0, minimum=0.05)
-METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 CANCEL_GRACE_S = 2.0  # how long a cancelled handler may take to settle before it is torn down
 JSON = (b"content-type", b"application/json")
 
@@ -269,18 +267,19 @@ class MetricsConsumer(ApiConsumer):
     methods = ("GET",)
 
     async def handle(self, body: bytes) -> None:
-        if METRICS_TOKEN:
+        token = settings.METRICS_TOKEN
+        if token:
             given = (self.header(b"authorization") or "").encode("latin-1")
-            if not hmac.compare_digest(given, f"Bearer {METRICS_TOKEN}".encode()):
+            if not hmac.compare_digest(given, f"Bearer {token}".encode()):
                 raise ApiError(401, "A valid metrics token is required.", code="invalid_api_key",
                                headers={"www-authenticate": "Bearer"})
         elif not _from_this_host(self.scope):
             # The labels name every tenant: without a token only this host may read them.
             raise ApiError(403, "Set METRICS_TOKEN to read /metrics from another host.",
                            type="permission_error", code="metrics_local_only")
-        text = await sync_to_async(metrics.render, thread_sensitive=False)()
+        text = await in_thread(metrics.render)()
         payload = text.encode()
-        await self.start(200, {}, [(b"content-type", b"text/plain; version=0.0.4"),
+        await self.start(200, {}, [(b"content-type", metrics.CONTENT_TYPE.encode()),
                                    (b"content-length", b"%d" % len(payload))])
         await self.write(payload, more=False)
 
@@ -332,7 +331,8 @@ class CompletionConsumer(ApiConsumer):
         pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
                                  principal.allowed_model_names)
         limits = principal.limits(req.model)
-        sized = size_request(req, await tokenize(req, pool.model), pool.model, limits)
+        prompt_ids = await tokenize(req, pool.model)
+        sized = size_request(req, prompt_ids, await serving_model(pool), limits)
         await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
         claim = await self._idempotency(principal, data, req, limits.total_deadline_s)
         if isinstance(claim, idempotency.Replay):
@@ -521,9 +521,10 @@ class Relay:
             await self._write(data, more=more)
 
     async def _keepalive(self) -> None:
+        every = settings.SSE_KEEPALIVE_SECONDS
         while True:
-            await asyncio.sleep(KEEPALIVE_S / 2)
-            if time.monotonic() - self.last_write >= KEEPALIVE_S:
+            await asyncio.sleep(every / 2)
+            if time.monotonic() - self.last_write >= every:
                 await self._begin()
                 await self._write(sse.KEEPALIVE)
 
@@ -564,6 +565,10 @@ def failure(event: facade.ErrorEvent | facade.FinishEvent, tokens_sent: int) -> 
         code, message, retryable = "request_cancelled", "The request was cancelled.", True
     else:
         code, message, retryable = event.code, event.message, event.retryable
+    if tokens_sent == 0 and code == "engine_refused":
+        # The engine turned this request down before any work (workers.host): the request is
+        # at fault, and nothing was charged.
+        return ApiError(400, message, type="invalid_request_error", code=code)
     if tokens_sent == 0 and retryable:
         # Nothing was generated, so nothing was billed: the client may simply try again.
         return unavailable(message, retry_after=1, code=code)

@@ -21,13 +21,9 @@ import time
 
 from django.conf import settings
 
-from gateway.env import env_float
 from gateway.inference.errors import unavailable
 from infra.redis_conn import get_async_redis, key
 
-SHED_QUEUE_FACTOR = env_float("SHED_QUEUE_FACTOR", 4.0, minimum=0.0)
-# Cost units (WFQ_INPUT_PRICE x prompt + WFQ_OUTPUT_PRICE x output, divided by the weight).
-SHED_VIRTUAL_BACKLOG = env_float("SHED_VIRTUAL_BACKLOG", 100_000.0, minimum=0.0)
 SHED_RETRY_AFTER_S = 5
 
 
@@ -45,12 +41,14 @@ async def reading(pool: str, tenant_id: object) -> tuple[int, int, float]:
 
 async def check(pool: str, max_sequences: int, tenant_id: object) -> None:
     """Raise a 503 if the pool is overloaded and this tenant is over its share."""
-    if SHED_QUEUE_FACTOR <= 0:
+    factor = settings.SHED_QUEUE_FACTOR
+    if factor <= 0:
         return  # shedding disabled
     queued, workers, backlog = await reading(pool, tenant_id)
-    if queued <= SHED_QUEUE_FACTOR * workers * max_sequences:
+    if queued <= factor * workers * max_sequences:
         return
-    if backlog > SHED_VIRTUAL_BACKLOG:
+    # Cost units (WFQ_INPUT_PRICE x prompt + WFQ_OUTPUT_PRICE x output, divided by the weight).
+    if backlog > settings.SHED_VIRTUAL_BACKLOG:
         raise unavailable(
             "The model is overloaded and you have more queued than your share; "
             "please retry later.", retry_after=SHED_RETRY_AFTER_S, code="overloaded")

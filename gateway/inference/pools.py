@@ -14,11 +14,11 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError
 
 from gateway.inference.errors import model_not_found, unavailable
+from gateway.orm import in_thread
 from infra.redis_conn import get_async_redis, key
 from tenants.models import Pool, ServedModel
 from workers.engine.adapters import AdapterCatalog, AdapterNotFound
@@ -90,8 +90,8 @@ async def catalog() -> Catalog:
     now = time.monotonic()
     if _cache is None or now - _cache[0] > TTL:
         try:
-            _cache = (now, await sync_to_async(_load_catalog, thread_sensitive=False)())
-        except DatabaseError:
+            _cache = (now, await in_thread(_load_catalog)())
+        except (DatabaseError, InterfaceError):
             # The database is down: route with the table we have (pools change rarely, and
             # inference must outlive a database outage); retry the read after another TTL.
             if _cache is None:
@@ -105,6 +105,48 @@ def forget_catalog() -> None:
     """Drop the cached pool table (tests, and after an admin change in this process)."""
     global _cache
     _cache = None
+    _windows.clear()
+
+
+# -- what the running workers serve ------------------------------------------------------------
+#
+# The pool table says what an operator wants; the workers serve what they were started with.
+# After the admin raises a model's max_model_len, workers started before keep the old context
+# window until they restart, and a request sized by the new one would be refused by the engine.
+# Each worker advertises its window with its heartbeat; requests are sized by the smallest
+# window among the pool's live workers (any of them may take the request), and by the table's
+# value when none advertises one. Read at most every WINDOW_TTL seconds per process and pool.
+
+WINDOW_TTL = 1.0
+_windows: dict[str, tuple[float, int | None]] = {}
+
+
+async def advertised_window(pool: str) -> int | None:
+    """The smallest context window the pool's live workers advertise; None if none does."""
+    now = time.monotonic()
+    hit = _windows.get(pool)
+    if hit is not None and now - hit[0] < WINDOW_TTL:
+        return hit[1]
+    client = get_async_redis()
+    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
+    wids = await client.zrangebyscore(key("workers", pool), cutoff, "+inf")
+    windows: list[int] = []
+    if wids:
+        pipe = client.pipeline(transaction=False)
+        for wid in wids:
+            pipe.hget(key("worker", wid.decode(), "load"), "max_model_len")
+        windows = [int(v) for v in await pipe.execute() if v]
+    window = min(windows) if windows else None
+    _windows[pool] = (now, window)
+    return window
+
+
+async def serving_model(pool: PoolInfo) -> ModelInfo:
+    """The pool's model with the context window its running workers serve (see above)."""
+    window = await advertised_window(pool.name)
+    if window is None or window >= pool.model.max_model_len:
+        return pool.model
+    return replace(pool.model, max_model_len=window)
 
 
 def candidates(cat: Catalog, model: str, tenant_id: int, region: str) -> list[PoolInfo]:

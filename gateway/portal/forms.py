@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -65,6 +65,9 @@ class RotateForm(forms.Form):
         choices=GRACE_CHOICES, coerce=int, initial=86400,
         label="The old key keeps working for",
     )
+
+    def grace(self) -> timedelta:
+        return timedelta(seconds=self.cleaned_data["grace_seconds"])
 
 
 class ContentLoggingForm(forms.Form):

@@ -9,18 +9,33 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, cast
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
 from tenants import roles
-from tenants.models import Membership
+from tenants.models import Membership, Tenant
 
 SESSION_KEY = "portal_tenant_id"
-View = Callable[..., HttpResponse]
+
+
+class TenantRequest(HttpRequest):
+    """A request inside a ``tenant_view``: the signed-in user's membership, its tenant and the
+    role it gives. Only the decorator makes one (by setting these on the request it got), so a
+    view typed with it can rely on them being there."""
+
+    user: AbstractBaseUser  # signed in (login_required): never the anonymous user here
+    membership: Membership
+    tenant: Tenant
+    role: str
+
+
+P = ParamSpec("P")
+TenantView = Callable[Concatenate[TenantRequest, P], HttpResponse]
 
 
 def memberships(user: Any) -> list[Membership]:
@@ -45,25 +60,28 @@ def choose(request: HttpRequest, tenant_id: int) -> bool:
     return False
 
 
-def tenant_view(capability: str) -> Callable[[View], View]:
+def tenant_view(
+    capability: str,
+) -> Callable[[TenantView[P]], Callable[Concatenate[HttpRequest, P], HttpResponse]]:
     """Sign-in required, a membership required, and the role must have ``capability``.
 
-    Sets ``request.membership``, ``request.tenant`` and ``request.role`` for the view.
+    The view receives a ``TenantRequest``: ``membership``, ``tenant`` and ``role`` are set.
     """
 
-    def decorate(view: View) -> View:
+    def decorate(view: TenantView[P]) -> Callable[Concatenate[HttpRequest, P], HttpResponse]:
         @login_required
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: P.args, **kwargs: P.kwargs) -> HttpResponse:
             membership = current_membership(request)
             if membership is None:
                 return redirect("portal:no_tenant")
             if not roles.can(membership.role, capability):
                 raise PermissionDenied(f"Your role ({membership.role}) cannot open this page.")
-            request.membership = membership  # type: ignore[attr-defined]
-            request.tenant = membership.tenant  # type: ignore[attr-defined]
-            request.role = membership.role  # type: ignore[attr-defined]
-            return view(request, *args, **kwargs)
+            bound = cast(TenantRequest, request)
+            bound.membership = membership
+            bound.tenant = membership.tenant
+            bound.role = membership.role
+            return view(bound, *args, **kwargs)
 
         return wrapper
 

@@ -73,11 +73,18 @@ class Tokenizer(Protocol):
 
 
 class EngineError(RuntimeError):
-    """The engine failed a request. ``retryable`` says whether the client may try again."""
+    """The engine failed a request. ``retryable`` says whether the client may try again.
 
-    def __init__(self, message: str, *, retryable: bool = True, usage: Usage | None = None) -> None:
+    ``refused``: the engine turned the request down before doing any work, because of the
+    request itself (a prompt beyond its context window, ids outside its vocabulary). The client
+    gets a 400 and is charged nothing, as for the same refusal by the gateway.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True, usage: Usage | None = None,
+                 refused: bool = False) -> None:
         super().__init__(message)
-        self.retryable = retryable
+        self.retryable = retryable and not refused
+        self.refused = refused
         # What the request had used when it failed (tokens generated so far), for settlement.
         self.usage = usage
 

@@ -354,18 +354,18 @@ class SimulatedEngine(Engine):
         if req.request_id in self._seqs:
             raise EngineError(f"request id {req.request_id!r} is already running", retryable=False)
         if not ids:
-            raise EngineError("empty prompt", retryable=False)
+            raise EngineError("empty prompt", refused=True)
         if req.sampling.max_tokens < 1:
-            raise EngineError("max_tokens must be at least 1", retryable=False)
+            raise EngineError("max_tokens must be at least 1", refused=True)
         if min(ids) < 0 or max(ids) >= self._tok.vocab_size:
-            raise EngineError("prompt has token ids outside the vocabulary", retryable=False)
+            raise EngineError("prompt has token ids outside the vocabulary", refused=True)
         if len(ids) >= cfg.max_model_len:
             raise EngineError(
                 f"prompt of {len(ids)} tokens exceeds the context window ({cfg.max_model_len})",
-                retryable=False,
+                refused=True,
             )
         if self.blocks.blocks_for(len(ids) + 1) > self.blocks.num_blocks - self._reserve:
-            raise EngineError("prompt does not fit in the KV cache", retryable=False)
+            raise EngineError("prompt does not fit in the KV cache", refused=True)
 
     # -- the engine loop ------------------------------------------------------------------
 

@@ -120,6 +120,9 @@ class UpstreamHTTPError(Exception):
         self.status = status
 
 
+REFUSAL_STATUSES = frozenset({400, 413, 422})
+
+
 def retryable_status(status: int) -> bool:
     return status >= 500 or status in (408, 429)
 
@@ -133,9 +136,9 @@ def build_body(
     room = s.max_model_len - len(ids)
     if not ids or room < 1:
         raise EngineError(f"prompt of {len(ids)} tokens does not fit max_model_len="
-                          f"{s.max_model_len}", retryable=False)
+                          f"{s.max_model_len}", refused=True)
     if min(ids) < 0 or max(ids) >= tokenizer.vocab_size:
-        raise EngineError("prompt has token ids outside the vocabulary", retryable=False)
+        raise EngineError("prompt has token ids outside the vocabulary", refused=True)
     prompt: Any = (list(request.prompt_token_ids) if s.prompt_format == "token_ids"
                    else tokenizer.decode(list(request.prompt_token_ids),
                                          skip_special_tokens=False))
@@ -348,8 +351,11 @@ class UpstreamEngine(Engine):
     def _error(self, exc: Exception, tally: _Tally) -> EngineError:
         usage = tally.partial(self._tok)
         if isinstance(exc, UpstreamHTTPError):
+            # A 4xx before any output is the upstream refusing this request (its own context
+            # window, say): the client's 400, not a server error.
+            refused = exc.status in REFUSAL_STATUSES and not (usage and usage.output_tokens)
             return EngineError(str(exc)[:500], retryable=retryable_status(exc.status),
-                               usage=usage)
+                               usage=usage, refused=refused)
         if isinstance(exc, TimeoutError | httpx.TimeoutException):
             return EngineError("the upstream timed out", retryable=True, usage=usage)
         if isinstance(exc, httpx.TransportError | ConnectionError | OSError):

@@ -147,9 +147,9 @@ def build_generate_call(
     if n_prompt == 0 or room < 1:
         raise EngineError(
             f"prompt of {n_prompt} tokens does not fit max_model_len={settings.max_model_len}",
-            retryable=False)
+            refused=True)
     if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab_size:
-        raise EngineError("prompt has token ids outside the vocabulary", retryable=False)
+        raise EngineError("prompt has token ids outside the vocabulary", refused=True)
     prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
     if settings.enable_prefix_caching:
         prompt["cache_salt"] = request.cache_salt

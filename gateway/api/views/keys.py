@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.views.base import TenantScoped
-from tenants.keys import issue_key, rotate_key
+from tenants.keys import KeyNotRotatable, issue_key, rotate_key
 from tenants.models import ApiKey
 
 
@@ -55,9 +55,10 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         form = s.RotateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         try:
-            grace = timedelta(seconds=form.validated_data["grace_seconds"])
-            new, plaintext = rotate_key(old, grace, created_by=access.user_for_audit(request))
-        except ValueError as exc:
+            new, plaintext = rotate_key(
+                old, timedelta(seconds=form.validated_data["grace_seconds"]),
+                created_by=access.user_for_audit(request))
+        except KeyNotRotatable as exc:
             raise ValidationError({"detail": str(exc)}) from None
         return _new_key_response(new, plaintext)
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 from django.apps import apps
 from django.conf import settings
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import redirect
 
 from gateway.portal.forms import ContentLoggingForm
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from tenants.content_logging import switch
 from tenants.models import ContentLoggingChange, Tenant
 
 
 @tenant_view("content_logging")
-def content_logging_page(request: HttpRequest) -> HttpResponse:
-    tenant = request.tenant  # type: ignore[attr-defined]
+def content_logging_page(request: TenantRequest) -> HttpResponse:
+    tenant = request.tenant
     form = ContentLoggingForm(request.POST or None, initial={"enabled": tenant.content_logging})
     if request.method == "POST" and form.is_valid():
         enabled = form.cleaned_data["enabled"]

@@ -9,7 +9,6 @@ from django.contrib import messages
 from django.http import (
     FileResponse,
     Http404,
-    HttpRequest,
     HttpResponse,
     JsonResponse,
 )
@@ -18,7 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from gateway.portal.forms import AlertForm, ReportForm
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from metering.billing import exports, reports
 from metering.billing.downloads import report_response
@@ -27,8 +26,8 @@ from tenants.models import Tenant
 
 
 @tenant_view("reports")
-def reports_page(request: HttpRequest) -> HttpResponse:
-    tenant, now = request.tenant, timezone.now()  # type: ignore[attr-defined]
+def reports_page(request: TenantRequest) -> HttpResponse:
+    tenant, now = request.tenant, timezone.now()
     initial = {"start": now.replace(day=1, hour=0, minute=0, second=0, microsecond=0),
                "end": reports.floor_hour(now) + timedelta(hours=1), "format": "csv"}
     form = ReportForm(request.POST or None, initial=initial)
@@ -39,7 +38,7 @@ def reports_page(request: HttpRequest) -> HttpResponse:
                                                  "months": _recent_months(now)})
 
 
-def _download_or_queue(request: HttpRequest, tenant: Tenant, data: dict) -> HttpResponse:
+def _download_or_queue(request: TenantRequest, tenant: Tenant, data: dict) -> HttpResponse:
     group_by = reports.parse_group_by(data["group_by"] or ["model"])
     if exports.is_large(data["start"], data["end"], tenant):
         job = exports.queue_export(tenant=tenant, user=request.user, start=data["start"],
@@ -59,17 +58,17 @@ def _recent_months(now: datetime, count: int = 6) -> list[str]:
     return months
 
 
-def _job(request: HttpRequest, pk: int) -> ExportJob:
-    return get_object_or_404(ExportJob, pk=pk, tenant=request.tenant)  # type: ignore[attr-defined]
+def _job(request: TenantRequest, pk: int) -> ExportJob:
+    return get_object_or_404(ExportJob, pk=pk, tenant=request.tenant)
 
 
 @tenant_view("reports")
-def export_page(request: HttpRequest, pk: int) -> HttpResponse:
+def export_page(request: TenantRequest, pk: int) -> HttpResponse:
     return page(request, "portal/export.html", {"job": _job(request, pk)})
 
 
 @tenant_view("reports")
-def export_status(request: HttpRequest, pk: int) -> HttpResponse:
+def export_status(request: TenantRequest, pk: int) -> HttpResponse:
     job = _job(request, pk)
     return JsonResponse({"status": job.status, "progress": job.progress,
                          "rows_done": job.rows_done, "rows_total": job.rows_total,
@@ -77,7 +76,7 @@ def export_status(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @tenant_view("reports")
-def export_download(request: HttpRequest, pk: int) -> HttpResponse:
+def export_download(request: TenantRequest, pk: int) -> HttpResponse:
     job = _job(request, pk)
     path = Path(job.file_path) if job.file_path else None
     if job.status != ExportJob.Status.DONE or path is None or not path.is_file():
@@ -86,8 +85,8 @@ def export_download(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @tenant_view("reports")
-def statement_page(request: HttpRequest) -> HttpResponse:
-    tenant = request.tenant  # type: ignore[attr-defined]
+def statement_page(request: TenantRequest) -> HttpResponse:
+    tenant = request.tenant
     try:
         year, month = (int(p) for p in request.GET.get("month", "").split("-"))
         start, end = reports.month_range(year, month, UTC)
@@ -103,8 +102,8 @@ def statement_page(request: HttpRequest) -> HttpResponse:
 
 
 @tenant_view("alerts")
-def alerts_page(request: HttpRequest) -> HttpResponse:
-    tenant = request.tenant  # type: ignore[attr-defined]
+def alerts_page(request: TenantRequest) -> HttpResponse:
+    tenant = request.tenant
     form = AlertForm(request.POST or None, tenant=tenant)
     if request.method == "POST" and form.is_valid():
         alert = form.save(commit=False)
@@ -121,7 +120,7 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
 
 @tenant_view("alerts")
 @require_POST
-def alert_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    get_object_or_404(SpendAlert, pk=pk, tenant=request.tenant).delete()  # type: ignore[attr-defined]
+def alert_delete(request: TenantRequest, pk: int) -> HttpResponse:
+    get_object_or_404(SpendAlert, pk=pk, tenant=request.tenant).delete()
     messages.success(request, "Spend alert removed.")
     return redirect("portal:alerts")

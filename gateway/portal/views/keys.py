@@ -6,44 +6,44 @@ from datetime import timedelta
 
 from django.contrib import messages
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 
 from gateway.portal.forms import KeyForm, RotateForm
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.usage import per_key
 from gateway.portal.views.base import page, secret_page, secret_redirect, take_secret
 from tenants import roles
-from tenants.keys import issue_key, rotate_key
+from tenants.keys import KeyNotRotatable, issue_key, rotate_key
 from tenants.models import ApiKey
 
 
-def visible_keys(request: HttpRequest) -> QuerySet[ApiKey]:
-    keys = ApiKey.objects.filter(tenant=request.tenant)  # type: ignore[attr-defined]
-    if not roles.can(request.role, "all_keys"):  # type: ignore[attr-defined]
+def visible_keys(request: TenantRequest) -> QuerySet[ApiKey]:
+    keys = ApiKey.objects.filter(tenant=request.tenant)
+    if not roles.can(request.role, "all_keys"):
         keys = keys.filter(created_by=request.user)
     return keys
 
 
 @tenant_view("keys")
-def key_list(request: HttpRequest) -> HttpResponse:
+def key_list(request: TenantRequest) -> HttpResponse:
     keys = list(visible_keys(request).prefetch_related("allowed_models"))
     now = timezone.now()
     month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    usage = per_key(request.tenant, month, now + timedelta(hours=1), [k.pk for k in keys])  # type: ignore[attr-defined]
+    usage = per_key(request.tenant, month, now + timedelta(hours=1), [k.pk for k in keys])
     for key in keys:
         key.month_usage = usage.get(key.pk)  # type: ignore[attr-defined]
     return page(request, "portal/keys.html", {"keys": keys, "now": now, "month": month})
 
 
 @tenant_view("keys")
-def key_create(request: HttpRequest) -> HttpResponse:
-    form = KeyForm(request.POST or None, tenant=request.tenant)  # type: ignore[attr-defined]
+def key_create(request: TenantRequest) -> HttpResponse:
+    form = KeyForm(request.POST or None, tenant=request.tenant)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         key, plaintext = issue_key(
-            request.tenant, data["name"], allowed_models=list(data["allowed_models"]),  # type: ignore[attr-defined]
+            request.tenant, data["name"], allowed_models=list(data["allowed_models"]),
             expires_at=data["expires_at"], created_by=request.user, **form.caps(),
         )
         return secret_redirect(request, "portal:key_created",
@@ -52,7 +52,7 @@ def key_create(request: HttpRequest) -> HttpResponse:
 
 
 @tenant_view("keys")
-def key_created(request: HttpRequest) -> HttpResponse:
+def key_created(request: TenantRequest) -> HttpResponse:
     """The one GET that shows a new key; a reload finds the session empty and says so."""
     parked = take_secret(request)
     key = visible_keys(request).filter(pk=(parked or {}).get("key_id")).first()
@@ -65,7 +65,7 @@ def key_created(request: HttpRequest) -> HttpResponse:
 
 
 @tenant_view("keys")
-def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+def key_revoke(request: TenantRequest, pk: int) -> HttpResponse:
     key = get_object_or_404(visible_keys(request), pk=pk)
     if request.method == "POST":
         if key.revoke():
@@ -75,12 +75,15 @@ def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @tenant_view("keys")
-def key_rotate(request: HttpRequest, pk: int) -> HttpResponse:
+def key_rotate(request: TenantRequest, pk: int) -> HttpResponse:
     old = get_object_or_404(visible_keys(request).usable(), pk=pk)
     form = RotateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        grace = timedelta(seconds=form.cleaned_data["grace_seconds"])
-        new, plaintext = rotate_key(old, grace, created_by=request.user)
+        try:
+            new, plaintext = rotate_key(old, form.grace(), created_by=request.user)
+        except KeyNotRotatable as exc:  # revoked or expired since the page was shown
+            messages.error(request, str(exc))
+            return redirect("portal:keys")
         return secret_redirect(request, "portal:key_created",
                                {"key_id": new.pk, "plaintext": plaintext, "rotated_id": old.pk})
     return page(request, "portal/key_rotate.html", {"key": old, "form": form})

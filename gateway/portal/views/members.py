@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from gateway.portal.forms import InviteForm
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from tenants import invitations, membership
 from tenants.models import Invitation, Membership
@@ -26,8 +26,8 @@ def invitation_link(request: HttpRequest, secret: str) -> str:
 
 
 @tenant_view("members")
-def members_page(request: HttpRequest) -> HttpResponse:
-    tenant = request.tenant  # type: ignore[attr-defined]
+def members_page(request: TenantRequest) -> HttpResponse:
+    tenant = request.tenant
     form = InviteForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         email = form.cleaned_data["email"]
@@ -57,9 +57,9 @@ def _needs_confirmation(request: HttpRequest, target: Membership, role: str) -> 
 
 @tenant_view("members")
 @require_POST
-def member_change(request: HttpRequest, pk: int) -> HttpResponse:
+def member_change(request: TenantRequest, pk: int) -> HttpResponse:
     target = get_object_or_404(Membership.objects.select_related("user"), pk=pk,
-                               tenant=request.tenant)  # type: ignore[attr-defined]
+                               tenant=request.tenant)
     role = request.POST.get("role", "")
     if role != "remove" and role not in Membership.Role.values:
         messages.error(request, "Choose a role, or remove.")
@@ -88,8 +88,8 @@ def member_change(request: HttpRequest, pk: int) -> HttpResponse:
 
 @tenant_view("members")
 @require_POST
-def invitation_revoke(request: HttpRequest, pk: int) -> HttpResponse:
-    invitation = get_object_or_404(Invitation, pk=pk, tenant=request.tenant)  # type: ignore[attr-defined]
+def invitation_revoke(request: TenantRequest, pk: int) -> HttpResponse:
+    invitation = get_object_or_404(Invitation, pk=pk, tenant=request.tenant)
     invitations.revoke(invitation)
     messages.success(request, f"Invitation to {invitation.email} revoked.")
     return redirect("portal:members")

@@ -7,27 +7,27 @@ key (``gateway.portal.playground``): one per user and tenant, reused until it ne
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_POST
 
 from gateway.portal.playground import PLAYGROUND_KEY_TTL, playground_key
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from tenants.catalog import models_for
 
 
 @tenant_view("playground")
-def playground_page(request: HttpRequest) -> HttpResponse:
+def playground_page(request: TenantRequest) -> HttpResponse:
     return page(request, "portal/playground.html", {
-        "models": models_for(request.tenant),  # type: ignore[attr-defined]
+        "models": models_for(request.tenant),
         "ttl_minutes": int(PLAYGROUND_KEY_TTL.total_seconds() // 60),
     })
 
 
 @tenant_view("playground")
 @require_POST
-def playground_key_view(request: HttpRequest) -> HttpResponse:
-    found = playground_key(request.session, request.tenant, request.user)  # type: ignore[attr-defined]
+def playground_key_view(request: TenantRequest) -> HttpResponse:
+    found = playground_key(request.session, request.tenant, request.user)
     response = JsonResponse({"key": found.plaintext, "masked": found.key.masked,
                              "expires_at": found.key.expires_at.isoformat(),  # type: ignore[union-attr]
                              "reused": found.reused})

@@ -5,21 +5,21 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from gateway.portal.forms import TokenForm
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page, secret_page
 from tenants.management_tokens import issue_token
 from tenants.models import ManagementToken
 
 
 @tenant_view("tokens")
-def tokens_page(request: HttpRequest) -> HttpResponse:
-    tenant = request.tenant  # type: ignore[attr-defined]
+def tokens_page(request: TenantRequest) -> HttpResponse:
+    tenant = request.tenant
     form = TokenForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         days = form.cleaned_data["expires_in_days"]
@@ -38,8 +38,8 @@ def tokens_page(request: HttpRequest) -> HttpResponse:
 
 @tenant_view("tokens")
 @require_POST
-def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
-    token = get_object_or_404(ManagementToken, pk=pk, tenant=request.tenant)  # type: ignore[attr-defined]
+def token_revoke(request: TenantRequest, pk: int) -> HttpResponse:
+    token = get_object_or_404(ManagementToken, pk=pk, tenant=request.tenant)
     ManagementToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
     )

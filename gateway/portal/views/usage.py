@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from decimal import Decimal
 
 from django.db.models import Sum
 from django.db.models.functions import TruncHour
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.utils import timezone
 
 from gateway.portal import usage
 from gateway.portal.charts import chart
-from gateway.portal.tenancy import tenant_view
+from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from gateway.portal.views.keys import visible_keys
 from infra.redis_conn import get_redis, key
@@ -23,21 +24,21 @@ from tenants.catalog import models_for
 from tenants.limits import effective_limits
 
 
-def own_key_ids(request: HttpRequest) -> list[int] | None:
+def own_key_ids(request: TenantRequest) -> list[int] | None:
     """None = the whole tenant; a member sees only the keys they made."""
-    if roles.can(request.role, "all_usage"):  # type: ignore[attr-defined]
+    if roles.can(request.role, "all_usage"):
         return None
     return list(visible_keys(request).values_list("id", flat=True))
 
 
-def _choice(request: HttpRequest, name: str, allowed: tuple[str, ...]) -> str:
+def _choice(request: TenantRequest, name: str, allowed: tuple[str, ...]) -> str:
     value = request.GET.get(name, allowed[0])
     return value if value in allowed else allowed[0]
 
 
 @tenant_view("usage")
-def usage_page(request: HttpRequest) -> HttpResponse:
-    tenant, now = request.tenant, timezone.now()  # type: ignore[attr-defined]
+def usage_page(request: TenantRequest) -> HttpResponse:
+    tenant, now = request.tenant, timezone.now()
     span = _choice(request, "range", tuple(usage.RANGES))
     # Hourly bars over a month would be 720 slivers: days are the default beyond one day.
     grain = _choice(request, "grain", ("hour", "day") if span == "24h" else ("day", "hour"))
@@ -92,9 +93,10 @@ def _range_totals(data: usage.Series) -> dict[str, object]:
             "output": total(data.output), "spend": spend}
 
 
-def _alert_progress(alerts: object, mtd: usage.MonthToDate) -> list[dict[str, object]]:
+def _alert_progress(alerts: Iterable[SpendAlert],
+                    mtd: usage.MonthToDate) -> list[dict[str, object]]:
     rows = []
-    for alert in alerts:  # type: ignore[attr-defined]
+    for alert in alerts:
         if alert.api_key_id:
             continue  # the month-to-date figures are tenant-wide
         used = (mtd.input_tokens + mtd.output_tokens if alert.metric == SpendAlert.Metric.TOKENS
@@ -113,8 +115,8 @@ def _gauge(name: str, *parts: object) -> int | None:
 
 
 @tenant_view("quotas")
-def quotas_page(request: HttpRequest) -> HttpResponse:
-    tenant, now = request.tenant, timezone.now()  # type: ignore[attr-defined]
+def quotas_page(request: TenantRequest) -> HttpResponse:
+    tenant, now = request.tenant, timezone.now()
     peak = (
         reports.rollups(now - timedelta(hours=24), now + timedelta(hours=1), tenant=tenant)
         .annotate(h=TruncHour("hour")).values("h")

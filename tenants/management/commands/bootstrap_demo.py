@@ -9,10 +9,10 @@ no usable key. Running it again changes nothing and prints no secret.
 
 from __future__ import annotations
 
-import os
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
@@ -34,7 +34,7 @@ class Command(BaseCommand):
                             help="Where the gateway will answer, for the printed examples.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        password = os.environ.get("GATEWAY_ADMIN_PASSWORD", "")
+        password = settings.GATEWAY_ADMIN_PASSWORD
         if password and len(password) < 8:
             raise CommandError("GATEWAY_ADMIN_PASSWORD must be at least 8 characters")
         with transaction.atomic():

@@ -1,10 +1,11 @@
-"""A shared world for portal, API and billing tests (no tests here).
+"""A shared world for portal, API and billing tests, and the helpers that fill it.
 
 Tenant ``acme`` has an owner, a member and a billing user; ``other`` has its own owner (the
 outsider for acme); ``staff`` is a platform staff account with no permissions and no grants
 (it must see nothing), ``admin`` a superuser (every platform permission, still no tenant
 role). Each test module wraps ``build_world`` in a fixture, so every seat exists on every
-endpoint test.
+endpoint test. Passwords hash with the fast hasher that ``tests/conftest.py`` puts in
+place for every test.
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ def make_user(username: str, **extra: object) -> object:
 
 
 def build_world() -> World:
-    """Call with a fast password hasher in place (``fast_passwords``): five users otherwise
-    cost seconds of PBKDF2 per test."""
     tenant, other = make_tenant("acme"), make_tenant("other")
     model = make_model("sim-small")
     pool = make_pool(model, name="shared-small")
@@ -91,5 +90,3 @@ def price(model: str, start: datetime, inp: str, cached: str, out: str,
 def this_hour() -> datetime:
     return timezone.now().replace(minute=0, second=0, microsecond=0)
 
-
-FAST_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
