@@ -7,5 +7,7 @@ export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/1}
 echo "==> ruff"
 .venv/bin/ruff check .
+echo "==> manage.py check --deploy (production settings, warnings fail)"
+scripts/check_deploy.sh
 echo "==> pytest (database: ${DATABASE_URL%%\?*}, redis: $REDIS_URL)"
 exec .venv/bin/python -m pytest "$@"

@@ -140,11 +140,21 @@ class ExportJobSerializer(serializers.ModelSerializer):
 
 
 class SpendAlertSerializer(serializers.ModelSerializer):
+    webhook_secret = serializers.CharField(
+        read_only=True, help_text="Signs deliveries (X-Gateway-Signature). Returned once: in "
+        "the answer that set the first webhook URL, never again.")
+
     class Meta:
         model = SpendAlert
-        fields = ["id", "api_key", "metric", "period", "threshold", "webhook_url", "hard_cap",
-                  "enabled", "last_fired_period", "created_at"]
+        fields = ["id", "api_key", "metric", "period", "threshold", "webhook_url",
+                  "webhook_secret", "hard_cap", "enabled", "last_fired_period", "created_at"]
         read_only_fields = ["id", "last_fired_period", "created_at"]
+
+    def to_representation(self, instance: SpendAlert) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if not getattr(instance, "secret_is_new", False):
+            data.pop("webhook_secret", None)
+        return data
 
     def validate_api_key(self, value: ApiKey | None) -> ApiKey | None:
         if value is not None and value.tenant_id != self.context["tenant"].pk:

@@ -8,6 +8,7 @@ digit, and rounding happens only where a figure is displayed.
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -16,6 +17,17 @@ from django.db import models
 from django.utils import timezone
 
 from tenants.models import ApiKey, Tenant
+
+
+def validate_webhook_url(value: str) -> None:
+    """https, a public address (today's DNS answer); checked again on every delivery."""
+    from metering.billing import webhooks
+
+    if value:
+        try:
+            webhooks.check_url(value)
+        except webhooks.UnsafeWebhook as exc:
+            raise ValidationError(str(exc), code="unsafe_webhook") from None
 
 PRICE_DIGITS = {"max_digits": 14, "decimal_places": 6, "validators": [MinValueValidator(0)]}
 
@@ -131,7 +143,12 @@ class SpendAlert(models.Model):
     threshold = models.DecimalField(
         max_digits=20, decimal_places=6, validators=[MinValueValidator(Decimal("0.000001"))]
     )
-    webhook_url = models.URLField(blank=True, help_text="Optional: POSTed a JSON body on firing.")
+    webhook_url = models.URLField(
+        blank=True, validators=[validate_webhook_url],
+        help_text="Optional: an https URL POSTed a signed JSON body on firing.",
+    )
+    # Signs each delivery (metering.billing.webhooks): shown to the tenant once, at creation.
+    webhook_secret = models.CharField(max_length=64, blank=True, editable=False)
     hard_cap = models.BooleanField(
         default=False,
         help_text="On crossing, suspend the key (or the tenant for a tenant-wide alert).",
@@ -149,6 +166,14 @@ class SpendAlert(models.Model):
     class Meta:
         ordering = ["tenant", "id"]
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.webhook_url and not self.webhook_secret:
+            from metering.billing.webhooks import new_secret
+
+            self.webhook_secret = new_secret()
+            self.secret_is_new = True  # the caller shows it to the tenant, once
+        super().save(*args, **kwargs)
+
     def __str__(self) -> str:
         scope = self.api_key.name if self.api_key_id else "tenant"
         return f"{self.tenant} {scope}: {self.threshold} {self.metric}/{self.period}"
@@ -161,7 +186,9 @@ class AlertEvent(models.Model):
     period = models.CharField(max_length=10)
     value = models.DecimalField(max_digits=24, decimal_places=6)
     emailed = models.PositiveIntegerField(default=0, help_text="Owners emailed.")
+    # A fixed vocabulary (metering.billing.webhooks.Outcome), never an error's text.
     webhook_status = models.CharField(max_length=64, blank=True)
+    webhook_attempts = models.PositiveSmallIntegerField(default=0)
     suspended = models.BooleanField(default=False)
     fired_at = models.DateTimeField(auto_now_add=True)
 

@@ -21,7 +21,7 @@ from gateway.api.filters import TIME_PARAMS
 from gateway.api.schema import OneObjectSchema
 from gateway.api.views.base import FILE_PARAM, TenantScoped
 from gateway.api.views.platform import report_answer
-from metering.billing import exports, reports
+from metering.billing import alerts, exports, reports
 from metering.billing.downloads import XLSX_TYPE, report_response
 from metering.billing.models import AlertEvent, ExportJob, SpendAlert
 
@@ -105,7 +105,12 @@ class SpendAlertViewSet(viewsets.ModelViewSet, TenantScoped):
         return SpendAlert.objects.filter(tenant=self.tenant)
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.save(tenant=self.tenant, created_by=access.user_for_audit(self.request))
+        try:
+            serializer.instance = alerts.create_alert(
+                self.tenant, created_by=access.user_for_audit(self.request),
+                **serializer.validated_data)
+        except alerts.TooManyAlerts as exc:
+            raise ValidationError({"non_field_errors": [str(exc)]}) from None
 
     @extend_schema(responses={200: s.AlertEventSerializer(many=True)})
     @action(detail=False)

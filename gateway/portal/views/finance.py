@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 from gateway.portal.forms import AlertForm, ReportForm
 from gateway.portal.tenancy import tenant_view
 from gateway.portal.views.base import page
-from metering.billing import exports, reports
+from metering.billing import alerts, exports, reports
 from metering.billing.downloads import report_response
 from metering.billing.models import AlertEvent, ExportJob, SpendAlert
 from tenants.models import Tenant
@@ -107,11 +107,18 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
     tenant = request.tenant  # type: ignore[attr-defined]
     form = AlertForm(request.POST or None, tenant=tenant)
     if request.method == "POST" and form.is_valid():
-        alert = form.save(commit=False)
-        alert.tenant, alert.created_by = tenant, request.user
-        alert.save()
-        messages.success(request, "Spend alert added.")
-        return redirect("portal:alerts")
+        try:
+            alert = alerts.create_alert(tenant, created_by=request.user, **{
+                name: form.cleaned_data[name] for name in form.Meta.fields})
+        except alerts.TooManyAlerts as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, "Spend alert added.")
+            if getattr(alert, "secret_is_new", False):
+                messages.warning(request, "Webhook signing secret, shown only now: "
+                                 f"{alert.webhook_secret} (verify the X-Gateway-Signature "
+                                 "header of each delivery with it).")
+            return redirect("portal:alerts")
     return page(request, "portal/alerts.html", {
         "form": form,
         "alerts": SpendAlert.objects.filter(tenant=tenant).select_related("api_key"),

@@ -1,5 +1,7 @@
 """``manage.py serve``: the quick-start launcher (gateway + one pool worker per enabled pool).
 
+Also one Celery worker for the ``webhooks`` queue (spend-alert deliveries).
+
 Resolves Redis first (an empty REDIS_URL starts the embedded server) and hands its address to
 every child, starts uvicorn on ``gateway.asgi:application``, one Celery worker hosting each
 enabled pool's engine (``--engine-pool``) and Celery beat for the periodic tasks, then waits.
@@ -81,12 +83,20 @@ class Command(BaseCommand):
              "--port", str(options["port"]),
              # Deadline on request headers (slow-loris): gateway/httpproto.py.
              "--http", "gateway.httpproto:BoundedHttpToolsProtocol",
+             # scope["client"] stays the TCP peer; gateway.clientaddr reads forwarded headers.
+             "--no-proxy-headers",
              *performance_options(options["gateway_processes"])], env=env))]
         for pool in pools:
             children.append((f"worker[{pool}]", subprocess.Popen(
                 [py, "-m", "celery", "-A", "gateway", "worker", "--engine-pool", pool,
                  "-P", "solo", "-c", "1", "-n", f"{pool}@%h", "-l",
                  settings.LOG_LEVEL.lower(), "--without-mingle", "--without-gossip"], env=env)))
+        # Spend-alert webhooks on their own queue and threads: a slow receiver waits there, never
+        # in the workers that run the engines and the back-office tasks.
+        children.append(("webhooks", subprocess.Popen(
+            [py, "-m", "celery", "-A", "gateway", "worker", "-Q", "webhooks", "-P", "threads",
+             "-c", "4", "-n", "webhooks@%h", "-l", settings.LOG_LEVEL.lower(),
+             "--without-mingle", "--without-gossip"], env=env)))
         if not options["no_beat"]:
             schedule = settings.VAR_DIR / "celerybeat-schedule"
             settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
