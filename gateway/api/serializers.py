@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gateway.portal.forms import models_for
@@ -140,9 +141,9 @@ class ExportJobSerializer(serializers.ModelSerializer):
 
 
 class SpendAlertSerializer(serializers.ModelSerializer):
-    webhook_secret = serializers.CharField(
-        read_only=True, help_text="Signs deliveries (X-Gateway-Signature). Returned once: in "
-        "the answer that set the first webhook URL, never again.")
+    webhook_secret = serializers.SerializerMethodField(
+        help_text="Signs deliveries (X-Gateway-Signature). Returned once, in the answer that "
+        "set the first webhook URL; null ever after.")
 
     class Meta:
         model = SpendAlert
@@ -150,11 +151,9 @@ class SpendAlertSerializer(serializers.ModelSerializer):
                   "webhook_secret", "hard_cap", "enabled", "last_fired_period", "created_at"]
         read_only_fields = ["id", "last_fired_period", "created_at"]
 
-    def to_representation(self, instance: SpendAlert) -> dict[str, Any]:
-        data = super().to_representation(instance)
-        if not getattr(instance, "secret_is_new", False):
-            data.pop("webhook_secret", None)
-        return data
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_webhook_secret(self, instance: SpendAlert) -> str | None:
+        return instance.webhook_secret if getattr(instance, "secret_is_new", False) else None
 
     def validate_api_key(self, value: ApiKey | None) -> ApiKey | None:
         if value is not None and value.tenant_id != self.context["tenant"].pk:
