@@ -414,3 +414,24 @@ def test_firing_queues_the_delivery_after_commit(world, django_capture_on_commit
     with django_capture_on_commit_callbacks(execute=True):
         event = _fired(world, alert)
     assert queued == [event.pk]
+
+
+def test_the_secret_can_be_rotated_and_is_shown_once_more(world, dns, client):
+    from tests.test_portal_views import signed_in
+
+    dns["hooks.example.com"] = [PUBLIC]
+    alert = _alert(world, "https://hooks.example.com/x")
+    old = alert.webhook_secret
+    api = APIClient()
+    api.force_login(world.users["owner"])
+    rotated = api.post(f"/api/tenants/acme/alerts/{alert.pk}/rotate-secret/").json()
+    assert rotated["webhook_secret"] not in (None, old)
+    assert SpendAlert.objects.get().webhook_secret == rotated["webhook_secret"]
+    signed_in(client, world, "owner")
+    page = client.post(reverse("portal:alert_rotate_secret", args=[alert.pk]), follow=True)
+    newest = SpendAlert.objects.get().webhook_secret
+    assert newest != rotated["webhook_secret"] and newest in page.content.decode()
+    outsider = APIClient()
+    outsider.force_login(world.users["outsider"])
+    assert outsider.post(f"/api/tenants/acme/alerts/{alert.pk}/rotate-secret/").status_code in (
+        403, 404)

@@ -174,6 +174,15 @@ class SpendAlert(models.Model):
             self.secret_is_new = True  # the caller shows it to the tenant, once
         super().save(*args, **kwargs)
 
+    def rotate_secret(self) -> str:
+        """A new signing secret, effective for the next delivery; shown to the caller once."""
+        from metering.billing.webhooks import new_secret
+
+        self.webhook_secret = new_secret()
+        self.secret_is_new = True
+        SpendAlert.objects.filter(pk=self.pk).update(webhook_secret=self.webhook_secret)
+        return self.webhook_secret
+
     def __str__(self) -> str:
         scope = self.api_key.name if self.api_key_id else "tenant"
         return f"{self.tenant} {scope}: {self.threshold} {self.metric}/{self.period}"

@@ -112,6 +112,16 @@ class SpendAlertViewSet(viewsets.ModelViewSet, TenantScoped):
         except alerts.TooManyAlerts as exc:
             raise ValidationError({"non_field_errors": [str(exc)]}) from None
 
+    @extend_schema(request=None, responses={200: s.SpendAlertSerializer})
+    @action(detail=True, methods=["post"], url_path="rotate-secret")
+    def rotate_secret(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """A new webhook signing secret, returned in this answer only."""
+        alert = self.get_object()
+        if not alert.webhook_url:
+            raise ValidationError({"webhook_url": ["This alert has no webhook."]})
+        alert.rotate_secret()
+        return Response(s.SpendAlertSerializer(alert, context=self.get_serializer_context()).data)
+
     @extend_schema(responses={200: s.AlertEventSerializer(many=True)})
     @action(detail=False)
     def events(self, request: Request, *args: Any, **kwargs: Any) -> Response:

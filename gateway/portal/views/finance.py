@@ -128,6 +128,16 @@ def alerts_page(request: HttpRequest) -> HttpResponse:
 
 @tenant_view("alerts")
 @require_POST
+def alert_rotate_secret(request: HttpRequest, pk: int) -> HttpResponse:
+    alert = get_object_or_404(SpendAlert, pk=pk, tenant=request.tenant)  # type: ignore[attr-defined]
+    if alert.webhook_url:
+        messages.warning(request, "New webhook signing secret, shown only now: "
+                         f"{alert.rotate_secret()} (the old one stops signing at once).")
+    return redirect("portal:alerts")
+
+
+@tenant_view("alerts")
+@require_POST
 def alert_delete(request: HttpRequest, pk: int) -> HttpResponse:
     get_object_or_404(SpendAlert, pk=pk, tenant=request.tenant).delete()  # type: ignore[attr-defined]
     messages.success(request, "Spend alert removed.")
