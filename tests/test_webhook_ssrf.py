@@ -435,3 +435,39 @@ def test_the_secret_can_be_rotated_and_is_shown_once_more(world, dns, client):
     outsider.force_login(world.users["outsider"])
     assert outsider.post(f"/api/tenants/acme/alerts/{alert.pk}/rotate-secret/").status_code in (
         403, 404)
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_a_webhooks_worker_delivers_from_its_own_queue(redis_client):
+    """Live: firing queues the delivery on `webhooks`; a worker consuming only that queue (as
+    `manage.py serve` starts one) delivers it, signed."""
+    import sys
+
+    from tests import procs
+    from tests.factories import make_key, make_tenant
+
+    receiver = Receiver()
+    env = {"WEBHOOK_ALLOW_HTTP": "true", "WEBHOOK_ALLOWED_CIDRS": "127.0.0.1/32",
+           "WEBHOOK_ALLOWED_PORTS": str(receiver.port)}
+    worker = procs.Proc("webhooks", [
+        sys.executable, "-m", "celery", "-A", "gateway", "worker", "-Q", "webhooks", "-P",
+        "threads", "-c", "2", "-n", "webhooks-test@%h", "--without-mingle", "--without-gossip",
+        "-l", "info"], procs.child_env(env))
+    try:
+        tenant = make_tenant("live-hooks")
+        key, _ = make_key(tenant)
+        alert = SpendAlert.objects.create(tenant=tenant, metric="tokens", period="month",
+                                          threshold=Decimal(1),
+                                          webhook_url=f"http://127.0.0.1:{receiver.port}/h")
+        roll_up(record(tenant, key, "sim-small", this_hour()))
+        [event] = alerts.check_all(this_hour())  # autocommit: queued at once
+        procs.wait_until(lambda: receiver.requests, 60, "the delivery", worker)
+        [(headers, body)] = receiver.requests
+        assert webhooks.verify_signature(alert.webhook_secret,
+                                         headers[webhooks.SIGNATURE_HEADER], body)
+        procs.wait_until(lambda: AlertEvent.objects.get(pk=event.pk).webhook_status
+                         == "delivered", 10, "the outcome", worker)
+    finally:
+        worker.stop()
+        receiver.close()
