@@ -16,12 +16,13 @@ throttling, audit).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
+from django.utils.deprecation import MiddlewareMixin
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -129,23 +130,20 @@ _FORWARDED_META = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_FORWARDED_P
                    "HTTP_X_FORWARDED_HOST", "HTTP_X_FORWARDED_PORT", "HTTP_X_REAL_IP")
 
 
-class RealClientMiddleware:
+class RealClientMiddleware(MiddlewareMixin):
     """First in MIDDLEWARE: REMOTE_ADDR becomes the decided client; forwarded headers from a
     peer that is not a trusted proxy are dropped, so Django never builds an https URL or a
-    client address from a value the client wrote itself."""
+    client address from a value the client wrote itself. (MiddlewareMixin: works in the async
+    chain without a thread hop.)"""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def process_request(self, request: HttpRequest) -> None:
         meta = request.META
         peer = meta.get("REMOTE_ADDR") or None
         if peer is None or not is_trusted_proxy(peer):
             for name in _FORWARDED_META:
                 meta.pop(name, None)
-        else:
-            headers = [(name[5:].lower().replace("_", "-"), str(value))
-                       for name, value in meta.items()
-                       if name in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED")]
-            meta["REMOTE_ADDR"] = decide(peer, headers) or peer
-        return self.get_response(request)
+            return
+        headers = [(name[5:].lower().replace("_", "-"), str(value))
+                   for name, value in meta.items()
+                   if name in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED")]
+        meta["REMOTE_ADDR"] = decide(peer, headers) or peer

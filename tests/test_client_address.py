@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from django.http import HttpResponse
 from django.test import RequestFactory
 
 from gateway import clientaddr
@@ -74,7 +75,7 @@ def test_django_sees_the_decided_address_and_no_forged_proto(proxies, settings):
 
     def view(request):
         seen["addr"], seen["secure"] = request.META["REMOTE_ADDR"], request.is_secure()
-        return None
+        return HttpResponse()
 
     middleware = clientaddr.RealClientMiddleware(view)
     factory = RequestFactory()
