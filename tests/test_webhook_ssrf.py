@@ -471,3 +471,35 @@ def test_a_webhooks_worker_delivers_from_its_own_queue(redis_client):
     finally:
         worker.stop()
         receiver.close()
+
+
+def test_a_trickling_receiver_cannot_hold_a_delivery(world, settings):
+    """Headers one byte every 0.3 s: each read is within the timeout, the attempt is not."""
+    import time as _time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100:
+            try:
+                conn.send(bytes([byte]))
+            except OSError:
+                break
+            _time.sleep(0.3)
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    settings.WEBHOOK_ALLOW_HTTP = True
+    settings.WEBHOOK_ALLOWED_CIDRS = ["127.0.0.1/32"]
+    settings.WEBHOOK_ALLOWED_PORTS = [port]
+    settings.WEBHOOK_TIMEOUT_SECONDS = 0.5
+    event = _fired(world, _alert(world, f"http://127.0.0.1:{port}/slow"))
+    start = _time.monotonic()
+    assert alerts.deliver(event.pk) is webhooks.UNREACHABLE
+    assert _time.monotonic() - start < 2.0
+    listener.close()

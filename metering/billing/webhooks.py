@@ -24,6 +24,7 @@ where ``v1 = HMAC-SHA256(alert secret, "<t>." + body)``; receivers check the MAC
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -31,6 +32,7 @@ import ipaddress
 import secrets
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -281,14 +283,25 @@ def post(url: str, body: bytes, *, secret: str, delivery_id: str) -> Outcome:
         SIGNATURE_HEADER: signature(secret, body, int(time.time())),
         DELIVERY_HEADER: delivery_id,
     }
+    # The socket timeout bounds each read; this bounds the whole attempt, so a receiver that
+    # trickles its headers a byte at a time cannot hold a delivery thread.
+    watchdog = threading.Timer(settings.WEBHOOK_TIMEOUT_SECONDS * 2, _cut, args=(conn,))
+    watchdog.start()
     try:
         conn.request("POST", target.path, body=body, headers=headers)
-        response = conn.getresponse()
-        response.read(64 * 1024)  # drain a little; never follow a Location
+        response = conn.getresponse()  # status and headers only; a Location is never followed
         return outcome_of_status(response.status)
     except UnsafeWebhook:
         return BLOCKED
     except (OSError, http.client.HTTPException, ssl.SSLError):
         return UNREACHABLE
     finally:
+        watchdog.cancel()
         conn.close()
+
+
+def _cut(conn: http.client.HTTPConnection) -> None:
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked read, which then fails
