@@ -51,6 +51,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from gateway.clientaddr import peer_address
 from gateway.redis_conn import get_async_redis, get_redis, key
 from tenants.keys import candidate_hashes, parse_key
 from tenants.limits import Limits, quota_table, resolve
@@ -631,8 +632,6 @@ def headers_from_scope(scope: Mapping[str, Any]) -> tuple[dict[str, str], str | 
         if name in seen:
             repeated.add(name)
         seen[name] = raw_value.decode("latin-1")
-    from gateway.clientaddr import peer_address
-
     # The TCP peer, not a forwarded address: only our proxy itself may vouch for a certificate.
     return {k: v for k, v in seen.items() if k not in repeated}, peer_address(scope)
 
