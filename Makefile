@@ -13,7 +13,7 @@ lint:
 	.venv/bin/ruff check .
 
 migrations-check:
-	.venv/bin/python manage.py makemigrations --check --dry-run
+	DEBUG=true .venv/bin/python manage.py makemigrations --check --dry-run  # development settings
 
 ci:
 	bash .ci/run

@@ -100,3 +100,57 @@ def env_peppers(name: str, default: dict[int, str]) -> dict[int, str]:
             )
         peppers[int(version)] = secret
     return peppers
+
+
+def env_cidrs(name: str) -> list[str]:
+    """Comma-separated networks (``10.0.0.0/8,::1``); a bad one stops start-up."""
+    import ipaddress
+
+    cidrs = env_list(name, [])
+    for cidr in cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ImproperSetting(f"{name}: {cidr!r} is not a CIDR") from None
+    return cidrs
+
+
+def env_ports(name: str, default: list[int]) -> list[int]:
+    ports = []
+    for item in env_list(name, [str(p) for p in default]):
+        if not item.isdigit() or not 1 <= int(item) <= 65535:
+            raise ImproperSetting(f"{name}: {item!r} is not a TCP port")
+        ports.append(int(item))
+    return ports
+
+
+def env_proxy_ssl_header(name: str, default: str) -> tuple[str, str] | None:
+    """``"X-Forwarded-Proto: https"`` -> Django's ``("HTTP_X_FORWARDED_PROTO", "https")``;
+    empty or ``off`` -> None (requests are https only when the socket is)."""
+    value = (_raw(name) or default).strip()
+    if value.lower() in {"", "off", "none", "false"}:
+        return None
+    header, sep, expected = value.partition(":")
+    if not sep or not header.strip() or not expected.strip():
+        raise ImproperSetting(f"{name}={value!r} must look like 'X-Forwarded-Proto: https'")
+    return "HTTP_" + header.strip().upper().replace("-", "_"), expected.strip()
+
+
+def require_production_secrets(*, secret_key: str, dev_secret_key: str, peppers: dict[int, str],
+                               dev_pepper: str, cache_salt_secret: str,
+                               content_log_master_keys: str) -> None:
+    """Refuse development or missing secrets in production, naming the variable to set."""
+    why = "DEBUG is off (production)"
+    if secret_key == dev_secret_key:
+        raise ImproperSetting(f"SECRET_KEY must be set to your own secret: {why}")
+    if dev_pepper in peppers.values():
+        raise ImproperSetting(
+            f"API_KEY_PEPPERS (or API_KEY_PEPPER) must be set to your own secret: {why}")
+    if not cache_salt_secret:
+        raise ImproperSetting(f"CACHE_SALT_SECRET must be set (its own secret): {why}")
+    if cache_salt_secret in (secret_key, dev_secret_key):
+        raise ImproperSetting(f"CACHE_SALT_SECRET must differ from SECRET_KEY: {why}")
+    if len(cache_salt_secret) < 32:
+        raise ImproperSetting("CACHE_SALT_SECRET must be at least 32 characters")
+    if not content_log_master_keys:
+        raise ImproperSetting(f"CONTENT_LOG_MASTER_KEYS must be set: {why}")

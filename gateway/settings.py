@@ -13,21 +13,28 @@ import dj_database_url
 from gateway.env import (
     ImproperSetting,
     env_bool,
+    env_cidrs,
     env_float,
     env_int,
     env_list,
     env_peppers,
+    env_ports,
+    env_proxy_ssl_header,
     env_str,
+    require_production_secrets,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GATEWAY_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DEBUG", False)
+# Production (DEBUG off, or GATEWAY_REQUIRE_SECRETS on) refuses the development secrets below
+# and a missing content-log master key, naming the variable (gateway.secrets_check). The
+# embedded quick start (scripts/run.sh) runs with DEBUG on and keeps its development defaults.
+REQUIRE_SECRETS = not DEBUG or env_bool("GATEWAY_REQUIRE_SECRETS", False)
 _DEV_SECRET = "insecure-dev-secret-key-change-me-0123456789abcdef"
+_DEV_PEPPER = "dev-pepper-change-me-0123456789"
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
-if not DEBUG and SECRET_KEY == _DEV_SECRET and env_bool("GATEWAY_REQUIRE_SECRETS", False):
-    raise ImproperSetting("SECRET_KEY must be set when GATEWAY_REQUIRE_SECRETS is on")
 if len(SECRET_KEY) < 32:
     raise ImproperSetting("SECRET_KEY must be at least 32 characters")
 
@@ -35,9 +42,7 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "t
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 # API keys are stored as HMAC-SHA256(pepper, key). Versions let the pepper rotate.
-API_KEY_PEPPERS = env_peppers(
-    "API_KEY_PEPPERS", {1: env_str("API_KEY_PEPPER", "dev-pepper-change-me-0123456789")}
-)
+API_KEY_PEPPERS = env_peppers("API_KEY_PEPPERS", {1: env_str("API_KEY_PEPPER", _DEV_PEPPER)})
 API_KEY_PREFIX = env_str("API_KEY_PREFIX", "igw")
 if not API_KEY_PREFIX.isalnum() or not API_KEY_PREFIX.islower() or len(API_KEY_PREFIX) > 8:
     raise ImproperSetting("API_KEY_PREFIX must be 1-8 lowercase letters or digits")
@@ -46,7 +51,8 @@ AUTH_CACHE_SECONDS = env_float("AUTH_CACHE_SECONDS", 1.0, minimum=0.0)
 # While the database is down, a principal verified this recently is still honoured (same epoch).
 AUTH_STALE_SECONDS = env_float("AUTH_STALE_SECONDS", 300.0, minimum=0.0)
 # Prefix-cache salts are HMAC(tenant) under this secret so tenants never share KV blocks.
-CACHE_SALT_SECRET = env_str("CACHE_SALT_SECRET", SECRET_KEY)
+# Its own secret in production: SECRET_KEY may be shared with other Django tooling.
+CACHE_SALT_SECRET = env_str("CACHE_SALT_SECRET", "" if REQUIRE_SECRETS else SECRET_KEY)
 
 DEFAULT_REGION = env_str("DEFAULT_REGION", "local")
 
@@ -71,6 +77,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: REMOTE_ADDR and forwarded headers are decided before anything reads them.
+    "infra.clientaddr.RealClientMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "gateway.dbguard.DatabaseUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -262,8 +270,6 @@ LOGGING = {
 # Content log master keys, newest first: "kid2:<base64 32 bytes>,kid1:<...>" (or
 # CONTENT_LOG_MASTER_KEYS_FILE). Empty: a development key generated under VAR_DIR, with a warning.
 CONTENT_LOG_MASTER_KEYS = env_str("CONTENT_LOG_MASTER_KEYS", "")
-if not CONTENT_LOG_MASTER_KEYS and env_bool("GATEWAY_REQUIRE_SECRETS", False):
-    raise ImproperSetting("CONTENT_LOG_MASTER_KEYS must be set when GATEWAY_REQUIRE_SECRETS is on")
 CONTENT_LOG_MAX_RETENTION_DAYS = 30  # the policy's ceiling, not a knob
 CONTENT_LOG_MAX_PENDING = env_int("CONTENT_LOG_MAX_PENDING", 100_000, minimum=1)
 # Break-glass: self-approval (with an alert to ADMINS) only if explicitly allowed.
@@ -277,12 +283,8 @@ OIDC_JWKS_MIN_REFRESH_SECONDS = env_float("OIDC_JWKS_MIN_REFRESH_SECONDS", 30.0,
 OIDC_HTTP_TIMEOUT_SECONDS = env_float("OIDC_HTTP_TIMEOUT_SECONDS", 3.0, minimum=0.1)
 # Mutual TLS behind a TLS-terminating proxy (tenants.mtls): the certificate headers are read
 # only from peers in TRUSTED_PROXY_CIDRS; from anyone else they are ignored.
-TRUSTED_PROXY_CIDRS = env_list("TRUSTED_PROXY_CIDRS", [])
-for _cidr in TRUSTED_PROXY_CIDRS:
-    try:
-        __import__("ipaddress").ip_network(_cidr, strict=False)
-    except ValueError:
-        raise ImproperSetting(f"TRUSTED_PROXY_CIDRS: {_cidr!r} is not a CIDR") from None
+# The same list decides whose X-Forwarded-For is believed (infra.clientaddr).
+TRUSTED_PROXY_CIDRS = env_cidrs("TRUSTED_PROXY_CIDRS")
 MTLS_CERT_HEADER = env_str("MTLS_CERT_HEADER", "X-SSL-Client-Cert")
 MTLS_FINGERPRINT_HEADER = env_str("MTLS_FINGERPRINT_HEADER", "X-SSL-Client-Fingerprint")
 # Portal SSO (gateway.sso, mozilla-django-oidc), configured per tenant on its IdentityProvider.
@@ -316,3 +318,42 @@ AXES_RESET_ON_SUCCESS = True
 AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
 AXES_LOCKOUT_TEMPLATE = "portal/locked_out.html"
 AXES_VERBOSE = False
+
+# --- Production secrets (refuse development values; see REQUIRE_SECRETS above) ---------------
+if REQUIRE_SECRETS:
+    require_production_secrets(
+        secret_key=SECRET_KEY, dev_secret_key=_DEV_SECRET, peppers=API_KEY_PEPPERS,
+        dev_pepper=_DEV_PEPPER, cache_salt_secret=CACHE_SALT_SECRET,
+        content_log_master_keys=CONTENT_LOG_MASTER_KEYS,
+    )
+
+# --- HTTPS and cookies (``manage.py check --deploy`` is clean with DEBUG off) ------------------
+# Each can be turned off for a deployment that serves plain http on purpose (the test suite's
+# live processes); the defaults follow DEBUG. SECURE_PROXY_SSL_HEADER ("X-Forwarded-Proto:
+# https") is believed only from TRUSTED_PROXY_CIDRS: infra.clientaddr strips forwarded headers
+# from any other peer before Django reads them.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header(
+    "SECURE_PROXY_SSL_HEADER", "X-Forwarded-Proto: https" if TRUSTED_PROXY_CIDRS else "")
+# Health probes (load balancers, kubelets) speak plain http to the pod; /v1 and /metrics are
+# Channels consumers that never pass Django's middleware (the TLS proxy owns http there).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+
+# --- Spend-alert webhooks (metering.billing.webhooks) --------------------------------------------
+WEBHOOK_ALLOW_HTTP = env_bool("WEBHOOK_ALLOW_HTTP", False)  # development only
+WEBHOOK_ALLOWED_CIDRS = env_cidrs("WEBHOOK_ALLOWED_CIDRS")  # private networks allowed anyway
+WEBHOOK_ALLOWED_PORTS = env_ports("WEBHOOK_ALLOWED_PORTS", [443, 8443])
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 3.0, minimum=0.1)
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 5, minimum=1)
+WEBHOOK_RETRY_BASE_SECONDS = env_float("WEBHOOK_RETRY_BASE_SECONDS", 30.0, minimum=0.0)
+SPEND_ALERTS_MAX_PER_TENANT = env_int("SPEND_ALERTS_MAX_PER_TENANT", 20, minimum=1)
+CELERY_TASK_ROUTES = {"billing.deliver_webhook": {"queue": "webhooks"}}

@@ -51,6 +51,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from infra.clientaddr import peer_address
 from infra.redis_conn import get_async_redis, get_redis, key
 from tenants import mtls, oidc
 from tenants.keys import candidate_hashes, parse_key
@@ -591,13 +592,36 @@ def authenticate_request(headers: Mapping[str, str], client_ip: str | None) -> P
 
 
 async def aauthenticate_request(headers: Mapping[str, str], client_ip: str | None) -> Principal:
-    """``authenticate_request`` for the event loop (API keys stay on the async fast path)."""
+    """``authenticate_request`` for the event loop (API keys stay on the async fast path).
+
+    Everything else (OIDC tokens may fetch the provider's JWKS, for up to
+    OIDC_HTTP_TIMEOUT_SECONDS) runs on the identity threads, never on the thread-sensitive
+    thread that API-key cache misses use: a hanging identity provider delays only its own
+    tokens, and at most IDENTITY_THREADS of them at a time.
+    """
     authorization = _single(headers, "authorization")
     token = bearer_token(authorization)
     if token and parse_key(token) is not None:
         return await aauthenticate(authorization)
-    principal: Principal = await database_sync_to_async(authenticate_request)(headers, client_ip)
+    run = database_sync_to_async(authenticate_request, thread_sensitive=False,
+                                 executor=_identity_threads())
+    principal: Principal = await run(headers, client_ip)
     return principal
+
+
+IDENTITY_THREADS = 4
+_identity: dict[int, ThreadPoolExecutor] = {}
+
+
+def _identity_threads() -> ThreadPoolExecutor:
+    """This process's identity-provider threads (per pid, as ``_writer``: forks lose threads)."""
+    pid = os.getpid()
+    with _writers_lock:
+        if pid not in _identity:
+            _identity.clear()
+            _identity[pid] = ThreadPoolExecutor(max_workers=IDENTITY_THREADS,
+                                                thread_name_prefix="identity")
+        return _identity[pid]
 
 
 def headers_from_scope(scope: Mapping[str, Any]) -> tuple[dict[str, str], str | None]:
@@ -609,9 +633,8 @@ def headers_from_scope(scope: Mapping[str, Any]) -> tuple[dict[str, str], str | 
         if name in seen:
             repeated.add(name)
         seen[name] = raw_value.decode("latin-1")
-    client = scope.get("client")
-    return ({k: v for k, v in seen.items() if k not in repeated},
-            client[0] if client else None)
+    # The TCP peer, not a forwarded address: only our proxy itself may vouch for a certificate.
+    return {k: v for k, v in seen.items() if k not in repeated}, peer_address(scope)
 
 
 async def aauthenticate_scope_request(scope: Mapping[str, Any]) -> Principal:

@@ -14,9 +14,7 @@ accepts certificates from any CA (nginx ``ssl_verify_client optional_no_ca``).
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 from collections.abc import Mapping
-from functools import lru_cache
 from urllib.parse import unquote
 
 from cryptography import x509
@@ -25,6 +23,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from infra import clientaddr
 from tenants.fingerprints import normalize_fingerprint
 from tenants.models import ClientCertificate
 
@@ -44,21 +43,9 @@ def fingerprint_of_pem(pem: str) -> str | None:
     return hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
 
 
-@lru_cache(maxsize=1)
-def _trusted(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
-
-
-def is_trusted_proxy(client_ip: str | None) -> bool:
-    if not client_ip:
-        return False
-    try:
-        address = ipaddress.ip_address(client_ip.strip())
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
-    return any(address in net for net in _trusted(tuple(settings.TRUSTED_PROXY_CIDRS)))
+def is_trusted_proxy(peer_ip: str | None) -> bool:
+    """The TCP peer (``infra.clientaddr.peer_address``, never a forwarded value) is our proxy."""
+    return clientaddr.is_trusted_proxy(peer_ip)
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -67,9 +54,9 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return values[0] if len(values) == 1 else None
 
 
-def client_fingerprint(headers: Mapping[str, str], client_ip: str | None) -> str | None:
+def client_fingerprint(headers: Mapping[str, str], peer_ip: str | None) -> str | None:
     """The forwarded certificate's fingerprint, or None (no header, or not from a proxy)."""
-    if not is_trusted_proxy(client_ip):
+    if not is_trusted_proxy(peer_ip):
         return None
     pem = _header(headers, settings.MTLS_CERT_HEADER)
     if pem:

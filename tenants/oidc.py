@@ -13,7 +13,10 @@ JWKS, allowed algorithms, claim mapping). For a token we:
 
 JWKS from a URL are cached per URL for ``OIDC_JWKS_CACHE_SECONDS`` and refetched at once when a
 token names an unknown ``kid`` (key rotation at the provider), but at most once per
-``OIDC_JWKS_MIN_REFRESH_SECONDS``, so random kids cannot make us hammer the provider.
+``OIDC_JWKS_MIN_REFRESH_SECONDS`` after the last attempt, with exponential backoff while the
+provider fails, one fetch at a time (``JwksCache``), so random kids or an outage cannot make us
+hammer the provider. Verification runs on its own threads (``tenants.auth``), never on the
+thread API-key lookups use, so a hanging provider cannot delay API-key requests.
 
 Every failure is the same 401 as a bad API key (``tenants.auth.invalid_key``).
 
@@ -71,43 +74,87 @@ def _index(data: dict[str, Any]) -> _Jwks:
     return out
 
 
+@dataclass
+class _Source:
+    """One JWKS URL: the last good key set and when the provider may be asked again."""
+
+    jwks: _Jwks | None = None
+    attempted_at: float = float("-inf")  # last fetch attempt, successful or not
+    failures: int = 0  # consecutive failed fetches
+    # Single flight: held while one thread fetches; the others use what we have, or wait.
+    fetching: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_fetch_at(self) -> float:
+        """After a failure, wait min_refresh * 2^(failures-1), capped at the cache lifetime."""
+        gap = settings.OIDC_JWKS_MIN_REFRESH_SECONDS
+        if self.failures:
+            gap = min(max(gap, 1.0) * 2 ** (self.failures - 1), settings.OIDC_JWKS_CACHE_SECONDS)
+        return self.attempted_at + gap
+
+    def stale(self, now: float) -> bool:
+        return self.jwks is None or now - self.jwks.fetched_at > settings.OIDC_JWKS_CACHE_SECONDS
+
+
 class JwksCache:
-    """Per-URL JWKS cache with refresh on an unknown kid, rate-limited. Thread-safe."""
+    """Per-URL JWKS cache. Thread-safe; an identity-provider outage costs one fetch per backoff.
+
+    - Expired key set, or a token naming a kid we do not have (the provider may have rotated):
+      refetch, but no sooner than ``next_fetch_at`` after the last *attempt*, successful or not.
+      A failed fetch keeps the last good set and doubles the wait (up to the cache lifetime),
+      so a dead or hanging provider sees one request per backoff period, not one per token.
+      Unknown kids between attempts are answered from this negative state: no fetch at all.
+    - One fetch per URL at a time: a thread that finds a fetch in flight uses the keys we have,
+      and waits for the fetch only when it has none at all.
+    """
 
     def __init__(self) -> None:
-        self._sets: dict[str, _Jwks] = {}
-        self._lock = threading.Lock()
+        self._sources: dict[str, _Source] = {}
+        self._lock = threading.Lock()  # guards _sources only; never held during a fetch
 
     def clear(self) -> None:
         with self._lock:
-            self._sets.clear()
+            self._sources.clear()
+
+    def _source(self, url: str) -> _Source:
+        with self._lock:
+            return self._sources.setdefault(url, _Source())
 
     def key_for(self, url: str, kid: str | None) -> jwt.PyJWK:
+        source = self._source(url)
         now = time.monotonic()
-        jwks = self._sets.get(url)
-        if jwks is None or now - jwks.fetched_at > settings.OIDC_JWKS_CACHE_SECONDS:
-            jwks = self._refresh(url)
-        found = _pick(jwks, kid)
-        if found is None and now - jwks.fetched_at >= settings.OIDC_JWKS_MIN_REFRESH_SECONDS:
-            found = _pick(self._refresh(url), kid)  # the provider may have rotated its keys
+        jwks = source.jwks
+        found = _pick(jwks, kid) if jwks is not None else None
+        if (found is None or source.stale(now)) and now >= source.next_fetch_at():
+            jwks = self._refresh(url, source, wait=jwks is None) or jwks
+            found = _pick(jwks, kid) if jwks is not None else None
+        if jwks is None:
+            raise TokenRejected("JWKS unreachable and none cached")
         if found is None:
             raise TokenRejected(f"no key {kid!r} in the JWKS")
         return found
 
-    def _refresh(self, url: str) -> _Jwks:
-        client = jwt.PyJWKClient(url, cache_jwk_set=False, cache_keys=False,
-                                 timeout=settings.OIDC_HTTP_TIMEOUT_SECONDS)
+    def _refresh(self, url: str, source: _Source, *, wait: bool) -> _Jwks | None:
+        """Fetch unless another thread is; returns the newest key set we have."""
+        timeout = settings.OIDC_HTTP_TIMEOUT_SECONDS
+        if not source.fetching.acquire(blocking=wait, timeout=timeout + 1 if wait else -1):
+            return source.jwks  # someone else is asking the provider right now
         try:
-            data = client.fetch_data()
-        except jwt.PyJWKClientError as exc:
-            cached = self._sets.get(url)
-            if cached is not None:  # keep serving the keys we had while the provider is down
-                return cached
-            raise TokenRejected(f"JWKS unreachable: {exc}") from exc
-        jwks = _index(data)
-        with self._lock:
-            self._sets[url] = jwks
-        return jwks
+            if time.monotonic() < source.next_fetch_at():
+                return source.jwks  # the fetch we waited for has just happened
+            source.attempted_at = time.monotonic()
+            client = jwt.PyJWKClient(url, cache_jwk_set=False, cache_keys=False, timeout=timeout)
+            try:
+                data = client.fetch_data()
+            except jwt.PyJWKClientError as exc:
+                source.failures += 1
+                log.warning("JWKS %s unreachable (%d in a row), next try in %.0fs: %s", url,
+                            source.failures, source.next_fetch_at() - time.monotonic(), exc)
+                return source.jwks  # keep serving the keys we had while the provider is down
+            source.failures = 0
+            source.jwks = _index(data)
+            return source.jwks
+        finally:
+            source.fetching.release()
 
 
 def _pick(jwks: _Jwks, kid: str | None) -> jwt.PyJWK | None:

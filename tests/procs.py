@@ -147,7 +147,8 @@ def start_uvicorn(
     port = port or free_port()
     args = [sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", "127.0.0.1",
             "--port", str(port), "--log-level", "warning",
-            "--http", "gateway.httpproto:BoundedHttpToolsProtocol"]  # header deadline
+            "--http", "gateway.httpproto:BoundedHttpToolsProtocol",  # header deadline
+            "--no-proxy-headers"]  # scope["client"] is the peer (infra.clientaddr)
     return Proc(f"uvicorn-{port}", args, child_env(env)), f"http://127.0.0.1:{port}"
 
 

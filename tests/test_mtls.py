@@ -38,10 +38,8 @@ def self_signed() -> tuple[str, str]:
 @pytest.fixture(autouse=True)
 def proxies(settings):
     settings.TRUSTED_PROXY_CIDRS = ["10.0.0.0/24", "fd00::/64"]
-    mtls._trusted.cache_clear()
     auth.clear_cache()
     yield
-    mtls._trusted.cache_clear()
 
 
 @pytest.fixture
@@ -86,7 +84,6 @@ def test_the_same_headers_from_anyone_else_are_ignored(bound, header):
 
 def test_no_trusted_proxies_configured_means_no_mtls(bound, settings):
     settings.TRUSTED_PROXY_CIDRS = []
-    mtls._trusted.cache_clear()
     with pytest.raises(AuthError):
         authenticate_request({"X-SSL-Client-Fingerprint": bound[1]}, PROXY)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
@@ -167,11 +168,19 @@ class ExportJobSerializer(serializers.ModelSerializer):
 
 
 class SpendAlertSerializer(serializers.ModelSerializer):
+    webhook_secret = serializers.SerializerMethodField(
+        help_text="Signs deliveries (X-Gateway-Signature). Returned once, in the answer that "
+        "set the first webhook URL; null ever after.")
+
     class Meta:
         model = SpendAlert
         fields = ["id", "api_key", "metric", "period", "threshold", "currency", "webhook_url",
-                  "hard_cap", "enabled", "last_fired_period", "created_at"]
+                  "webhook_secret", "hard_cap", "enabled", "last_fired_period", "created_at"]
         read_only_fields = ["id", "last_fired_period", "created_at"]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_webhook_secret(self, instance: SpendAlert) -> str | None:
+        return instance.webhook_secret if getattr(instance, "secret_is_new", False) else None
 
     def validate_api_key(self, value: ApiKey | None) -> ApiKey | None:
         if value is not None and value.tenant_id != self.context["tenant"].pk:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import ipaddress
 import logging
 import secrets
 import time
@@ -42,7 +41,7 @@ from django.conf import settings
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.inference import facade, idempotency, overload, sse
+from gateway.inference import facade, idempotency, overload, revocation, sse
 from gateway.inference.admission import size_request, tokenize
 from gateway.inference.bodylimit import read_bounded_body
 from gateway.inference.errors import (
@@ -57,6 +56,7 @@ from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visibl
 from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
 from gateway.inference.responses import ChunkTemplate, completion_body, models_body
 from gateway.orm import in_thread
+from infra import clientaddr
 from infra.redis_conn import get_async_redis
 from metering import metrics
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
@@ -273,7 +273,7 @@ class MetricsConsumer(ApiConsumer):
             if not hmac.compare_digest(given, f"Bearer {token}".encode()):
                 raise ApiError(401, "A valid metrics token is required.", code="invalid_api_key",
                                headers={"www-authenticate": "Bearer"})
-        elif not _from_this_host(self.scope):
+        elif not clientaddr.is_local(self.scope):
             # The labels name every tenant: without a token only this host may read them.
             raise ApiError(403, "Set METRICS_TOKEN to read /metrics from another host.",
                            type="permission_error", code="metrics_local_only")
@@ -282,16 +282,6 @@ class MetricsConsumer(ApiConsumer):
         await self.start(200, {}, [(b"content-type", metrics.CONTENT_TYPE.encode()),
                                    (b"content-length", b"%d" % len(payload))])
         await self.write(payload, more=False)
-
-
-def _from_this_host(scope: Mapping[str, Any]) -> bool:
-    client = scope.get("client")
-    if not client:  # a Unix socket: only local processes can connect
-        return True
-    try:
-        return ipaddress.ip_address(client[0]).is_loopback
-    except ValueError:
-        return False
 
 
 class NotFoundConsumer(ApiConsumer):
@@ -467,10 +457,33 @@ class Relay:
 
     async def run(self) -> None:
         ticker = asyncio.create_task(self._keepalive())
+        pump = asyncio.create_task(self._pump())
+        revoked: list[AuthError] = []
+
+        def end(error: AuthError) -> None:  # the credential stopped working mid-stream
+            revoked.append(error)
+            pump.cancel()
+
         try:
-            await self._pump()
+            with revocation.watching(self.c.scope, end):
+                await pump
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not revoked or (current is not None and current.cancelling()):
+                raise
+            await self._end_revoked(revoked[0])
         finally:
             ticker.cancel()
+            pump.cancel()
+
+    async def _end_revoked(self, error: AuthError) -> None:
+        """Stop generating (the worker settles the tokens generated so far), send what was
+        already here, then the error event the official client raises."""
+        submission = self.c.submission
+        if submission is not None:
+            await asyncio.shield(submission.cancel("credential_revoked"))
+        await self._flush()
+        raise ApiError(error.status, error.message, type=error.type, code=error.code)
 
     async def _begin(self) -> None:
         if self.c.started:

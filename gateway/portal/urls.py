@@ -52,6 +52,8 @@ urlpatterns = [
     path("exports/<int:pk>/download/", finance.export_download, name="export_download"),
     path("alerts/", finance.alerts_page, name="alerts"),
     path("alerts/<int:pk>/delete/", finance.alert_delete, name="alert_delete"),
+    path("alerts/<int:pk>/rotate-secret/", finance.alert_rotate_secret,
+         name="alert_rotate_secret"),
     path("members/", members.members_page, name="members"),
     path("members/<int:pk>/", members.member_change, name="member_change"),
     path("invitations/<int:pk>/revoke/", members.invitation_revoke, name="invitation_revoke"),

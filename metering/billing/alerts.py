@@ -5,28 +5,58 @@ UPDATE (``last_fired_period`` != this period -> this period). Only the caller wh
 changed the row notifies, so checkers running in several processes at once, or every minute
 for the rest of the month, email the owners exactly once; the next period fires anew.
 Usage comes from the hourly rollups, so an alert lags usage by the rollup interval (~30 s).
+
+Webhooks are not called here: firing queues a delivery on the ``webhooks`` Celery queue
+(``tasks.deliver_webhook``), where short timeouts and retries with backoff cannot hold up the
+back-office tasks, and every attempt re-checks the address (``metering.billing.webhooks``).
+A tenant has at most ``SPEND_ALERTS_MAX_PER_TENANT`` alerts (``create_alert``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db.models import Sum
+from django.db import transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
-from metering.billing import reports
+from metering.billing import reports, webhooks
 from metering.billing.models import AlertEvent, SpendAlert
 from tenants.auth import invalidate_principals
 from tenants.models import ApiKey, Membership, Tenant
 
 log = logging.getLogger(__name__)
-WEBHOOK_TIMEOUT_S = 5.0
+QUEUED = "queued"
+
+
+class TooManyAlerts(Exception):
+    """The tenant already has ``SPEND_ALERTS_MAX_PER_TENANT`` alerts."""
+
+    def __init__(self) -> None:
+        cap = settings.SPEND_ALERTS_MAX_PER_TENANT
+        super().__init__(f"A tenant may have at most {cap} spend alerts; remove one first.")
+
+
+def create_alert(tenant: Tenant, **fields: Any) -> SpendAlert:
+    """Create an alert under the per-tenant cap.
+
+    Invariant: a tenant never has more than SPEND_ALERTS_MAX_PER_TENANT alerts. Count and insert
+    happen in one transaction holding the tenant row's lock, so two creations racing for the
+    last slot are serialised and the second sees the first's row.
+    """
+    with transaction.atomic():
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        if SpendAlert.objects.filter(tenant=tenant).count() >= (
+                settings.SPEND_ALERTS_MAX_PER_TENANT):
+            raise TooManyAlerts()
+        return SpendAlert.objects.create(tenant=tenant, **fields)
 
 
 def period_of(alert: SpendAlert, now: datetime) -> tuple[str, datetime]:
@@ -82,9 +112,19 @@ def fire(alert: SpendAlert, period: str, value: Decimal) -> AlertEvent:
         emailed=_email_owners(alert, period, value, suspended),
     )
     if alert.webhook_url:
-        event.webhook_status = _post_webhook(alert, period, value, suspended)
+        event.webhook_status = QUEUED
         event.save(update_fields=["webhook_status"])
+        transaction.on_commit(lambda: _queue_delivery(event.pk))
     return event
+
+
+def _queue_delivery(event_id: int) -> None:
+    try:
+        # By name: the task module imports this one (metering.billing.tasks).
+        current_app.tasks["billing.deliver_webhook"].delay(event_id)
+    except Exception as exc:  # a broker outage must not lose the email or the suspension
+        log.error("spend alert event %s: webhook not queued: %s", event_id, type(exc).__name__)
+        AlertEvent.objects.filter(pk=event_id).update(webhook_status="not sent")
 
 
 def describe(alert: SpendAlert, period: str, value: Decimal, suspended: bool) -> str:
@@ -113,23 +153,35 @@ def _email_owners(alert: SpendAlert, period: str, value: Decimal, suspended: boo
     return len(emails) if sent else 0
 
 
-def _post_webhook(alert: SpendAlert, period: str, value: Decimal, suspended: bool) -> str:
-    body = json.dumps({
-        "type": "spend_alert", "tenant": alert.tenant.slug, "alert_id": alert.pk,
-        "api_key": alert.api_key.prefix if alert.api_key else None, "metric": alert.metric,
-        "period": period, "value": str(value), "threshold": str(alert.threshold),
-        "currency": alert.currency if alert.is_money else None,
-        "suspended": suspended, "message": describe(alert, period, value, suspended),
+def webhook_body(event: AlertEvent) -> bytes:
+    """The same bytes on every attempt, so a receiver can deduplicate by the delivery id."""
+    alert = event.alert
+    return json.dumps({
+        "type": "spend_alert", "delivery": f"alert-event-{event.pk}", "tenant": alert.tenant.slug,
+        "alert_id": alert.pk, "api_key": alert.api_key.prefix if alert.api_key else None,
+        "metric": alert.metric, "period": event.period, "value": f"{event.value.normalize():f}",
+        "threshold": str(alert.threshold),
+        "currency": alert.currency if alert.is_money else None, "suspended": event.suspended,
+        "message": describe(alert, event.period, event.value, event.suspended),
     }).encode()
-    request = urllib.request.Request(
-        alert.webhook_url, data=body, method="POST", headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:
-            return f"HTTP {response.status}"
-    except Exception as exc:  # a dead webhook must not stop the email or the next alert
-        log.warning("spend alert %s webhook failed: %s", alert.pk, exc)
-        return f"failed: {exc}"[:64]
+
+
+def deliver(event_id: int) -> webhooks.Outcome | None:
+    """One delivery attempt of an event's webhook; records the outcome. None: nothing to do."""
+    event = (AlertEvent.objects.select_related("alert__tenant", "alert__api_key")
+             .filter(pk=event_id).first())
+    if event is None or not event.alert.webhook_url:
+        return None
+    alert = event.alert
+    if not alert.webhook_secret:  # made before deliveries were signed
+        alert.save()
+    outcome = webhooks.post(alert.webhook_url, webhook_body(event), secret=alert.webhook_secret,
+                            delivery_id=f"alert-event-{event.pk}")
+    AlertEvent.objects.filter(pk=event.pk).update(
+        webhook_status=outcome.status, webhook_attempts=F("webhook_attempts") + 1)
+    if not outcome.delivered:
+        log.warning("spend alert %s webhook: %s", alert.pk, outcome.status)
+    return outcome
 
 
 def _suspend(alert: SpendAlert) -> bool:

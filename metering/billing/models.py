@@ -8,6 +8,7 @@ digit, and rounding happens only where a figure is displayed.
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -15,8 +16,19 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from metering.billing import webhooks
 from metering.billing.money import format_money
+from metering.billing.webhooks import new_secret
 from tenants.models import ApiKey, Tenant
+
+
+def validate_webhook_url(value: str) -> None:
+    """https, a public address (today's DNS answer); checked again on every delivery."""
+    if value:
+        try:
+            webhooks.check_url(value)
+        except webhooks.UnsafeWebhook as exc:
+            raise ValidationError(str(exc), code="unsafe_webhook") from None
 
 PRICE_DIGITS = {"max_digits": 14, "decimal_places": 6, "validators": [MinValueValidator(0)]}
 
@@ -136,7 +148,12 @@ class SpendAlert(models.Model):
         max_length=3, default="USD",
         help_text="Money alerts: the currency of the threshold; only usage priced in it counts.",
     )
-    webhook_url = models.URLField(blank=True, help_text="Optional: POSTed a JSON body on firing.")
+    webhook_url = models.URLField(
+        blank=True, validators=[validate_webhook_url],
+        help_text="Optional: an https URL POSTed a signed JSON body on firing.",
+    )
+    # Signs each delivery (metering.billing.webhooks): shown to the tenant once, at creation.
+    webhook_secret = models.CharField(max_length=64, blank=True, editable=False)
     hard_cap = models.BooleanField(
         default=False,
         help_text="On crossing, suspend the key (or the tenant for a tenant-wide alert).",
@@ -153,6 +170,19 @@ class SpendAlert(models.Model):
 
     class Meta:
         ordering = ["tenant", "id"]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.webhook_url and not self.webhook_secret:
+            self.webhook_secret = new_secret()
+            self.secret_is_new = True  # the caller shows it to the tenant, once
+        super().save(*args, **kwargs)
+
+    def rotate_secret(self) -> str:
+        """A new signing secret, effective for the next delivery; shown to the caller once."""
+        self.webhook_secret = new_secret()
+        self.secret_is_new = True
+        SpendAlert.objects.filter(pk=self.pk).update(webhook_secret=self.webhook_secret)
+        return self.webhook_secret
 
     def __str__(self) -> str:
         scope = self.api_key.name if self.api_key_id else "tenant"
@@ -178,7 +208,9 @@ class AlertEvent(models.Model):
     period = models.CharField(max_length=10)
     value = models.DecimalField(max_digits=24, decimal_places=6)
     emailed = models.PositiveIntegerField(default=0, help_text="Owners emailed.")
+    # A fixed vocabulary (metering.billing.webhooks.Outcome), never an error's text.
     webhook_status = models.CharField(max_length=64, blank=True)
+    webhook_attempts = models.PositiveSmallIntegerField(default=0)
     suspended = models.BooleanField(default=False)
     fired_at = models.DateTimeField(auto_now_add=True)
 

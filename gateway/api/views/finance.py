@@ -21,7 +21,7 @@ from gateway.api.filters import TIME_PARAMS
 from gateway.api.schema import OneObjectSchema
 from gateway.api.views.base import FILE_PARAM, TenantScoped
 from gateway.api.views.platform import report_answer
-from metering.billing import exports, reports
+from metering.billing import alerts, exports, reports
 from metering.billing.downloads import XLSX_TYPE, report_response
 from metering.billing.models import AlertEvent, ExportJob, SpendAlert
 
@@ -105,7 +105,22 @@ class SpendAlertViewSet(viewsets.ModelViewSet, TenantScoped):
         return SpendAlert.objects.filter(tenant=self.tenant)
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.save(tenant=self.tenant, created_by=access.user_for_audit(self.request))
+        try:
+            serializer.instance = alerts.create_alert(
+                self.tenant, created_by=access.user_for_audit(self.request),
+                **serializer.validated_data)
+        except alerts.TooManyAlerts as exc:
+            raise ValidationError({"non_field_errors": [str(exc)]}) from None
+
+    @extend_schema(request=None, responses={200: s.SpendAlertSerializer})
+    @action(detail=True, methods=["post"], url_path="rotate-secret")
+    def rotate_secret(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """A new webhook signing secret, returned in this answer only."""
+        alert = self.get_object()
+        if not alert.webhook_url:
+            raise ValidationError({"webhook_url": ["This alert has no webhook."]})
+        alert.rotate_secret()
+        return Response(s.SpendAlertSerializer(alert, context=self.get_serializer_context()).data)
 
     @extend_schema(responses={200: s.AlertEventSerializer(many=True)})
     @action(detail=False)

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 from gateway.portal.forms import AlertForm, ReportForm
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
-from metering.billing import exports, reports
+from metering.billing import alerts, exports, reports
 from metering.billing.downloads import report_response
 from metering.billing.models import AlertEvent, ExportJob, SpendAlert
 from tenants.models import Tenant
@@ -106,16 +106,33 @@ def alerts_page(request: TenantRequest) -> HttpResponse:
     tenant = request.tenant
     form = AlertForm(request.POST or None, tenant=tenant)
     if request.method == "POST" and form.is_valid():
-        alert = form.save(commit=False)
-        alert.tenant, alert.created_by = tenant, request.user
-        alert.save()
-        messages.success(request, "Spend alert added.")
-        return redirect("portal:alerts")
+        try:
+            alert = alerts.create_alert(tenant, created_by=request.user, **{
+                name: form.cleaned_data[name] for name in form.Meta.fields})
+        except alerts.TooManyAlerts as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, "Spend alert added.")
+            if getattr(alert, "secret_is_new", False):
+                messages.warning(request, "Webhook signing secret, shown only now: "
+                                 f"{alert.webhook_secret} (verify the X-Gateway-Signature "
+                                 "header of each delivery with it).")
+            return redirect("portal:alerts")
     return page(request, "portal/alerts.html", {
         "form": form,
         "alerts": SpendAlert.objects.filter(tenant=tenant).select_related("api_key"),
         "events": AlertEvent.objects.filter(alert__tenant=tenant).select_related("alert")[:50],
     })
+
+
+@tenant_view("alerts")
+@require_POST
+def alert_rotate_secret(request: TenantRequest, pk: int) -> HttpResponse:
+    alert = get_object_or_404(SpendAlert, pk=pk, tenant=request.tenant)
+    if alert.webhook_url:
+        messages.warning(request, "New webhook signing secret, shown only now: "
+                         f"{alert.rotate_secret()} (the old one stops signing at once).")
+    return redirect("portal:alerts")
 
 
 @tenant_view("alerts")

@@ -13,6 +13,8 @@ the pool workers drain (at most ``WORKER_DRAIN_SECONDS``), then the gateways end
 still open with a retryable error (at most ``GATEWAY_SHUTDOWN_SECONDS``), then beat and the
 housekeeper, then Redis. A second Ctrl-C kills what is left at once. Why a supervisor of our own
 and this order: docs/adr/0008-serve-supervisor.md.
+Spend-alert webhooks run on their own Celery worker (queue ``webhooks``, threads), so a slow
+receiver never holds the pool workers or the housekeeping tasks.
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ class Command(BaseCommand):
              # Deadline on request headers (slow-loris), and open streams ended at shutdown:
              # gateway/httpproto.py.
              "--http", "gateway.httpproto:BoundedHttpToolsProtocol",
+             # scope["client"] stays the TCP peer; infra.clientaddr reads forwarded headers.
+             "--no-proxy-headers",
              "--timeout-graceful-shutdown", str(grace),
              *performance_options(options["gateway_processes"])],
             env=env, stop_timeout_s=grace + 5.0, ready=lambda _pid: _listening(host, port))]
@@ -137,6 +141,13 @@ class Command(BaseCommand):
                  "--without-mingle", "--without-gossip"],
                 env=env, stop_timeout_s=settings.WORKER_DRAIN_SECONDS + 15.0,
                 ready=_registered(pool)))
+        # Spend-alert webhooks on their own queue and threads: a slow receiver waits there, never
+        # in the workers that run the engines and the back-office tasks.
+        specs.append(ChildSpec(
+            "webhooks",
+            [py, "-m", "celery", "-A", "gateway", "worker", "-Q", "webhooks", "-P", "threads",
+             "-c", "4", "-n", "webhooks@%h", "-l", level, "--without-mingle", "--without-gossip"],
+            env=env, stop_timeout_s=HOUSEKEEPING_STOP_S))
         if not options["no_beat"]:
             # Beat only schedules; this worker (no engine) runs what it schedules even when
             # every pool worker is down, so lost streams still end (janitor) meanwhile.
@@ -218,7 +229,7 @@ class Command(BaseCommand):
         self.sup.stop([
             [worker_name(p) for p in pools],  # drain first, while gateways still relay
             ["gateway"],  # then end what is still open, with a retryable error
-            ["housekeeping", "beat"],
+            ["housekeeping", "webhooks", "beat"],
             ["redis"],
         ])
         self.stderr.write("serve: every child has stopped")
