@@ -220,6 +220,8 @@ def unpack_sampling(data: bytes | str) -> SamplingParams:
     raw: dict[str, Any] = json.loads(data)
     raw["stop"] = tuple(raw.get("stop") or ())
     raw["stop_token_ids"] = tuple(raw.get("stop_token_ids") or ())
+    raw["logit_bias"] = tuple((int(t), float(b)) for t, b in raw.get("logit_bias") or ())
+    raw["embed_segments"] = tuple(raw.get("embed_segments") or ())
     return SamplingParams(**raw)
 
 
@@ -261,7 +263,8 @@ async def submit(
 
         cache_salt = salt_of(int(tenant_id))
     started = time.monotonic()
-    prompt, max_out = len(prompt_token_ids), sampling.max_tokens
+    # n choices may each generate max_tokens: all of it is reserved, and settled to what ran.
+    prompt, max_out = len(prompt_token_ids), sampling.max_tokens * sampling.n
     result = await accounting.admit_async(
         request_id=rid, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,

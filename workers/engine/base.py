@@ -24,6 +24,13 @@ class FinishReason:
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """What one engine sequence is sampled with (vLLM's names and neutral values).
+
+    ``n`` choices are n sequences the worker runs side by side (``workers.host``); an engine
+    sees ``n`` only as a hint, each of its sequences is one choice. ``json_schema`` (JSON text)
+    and ``json_object`` constrain decoding to valid JSON (structured outputs).
+    """
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -31,6 +38,42 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: no logprobs; k: the sampled token's and the top k
+    json_schema: str | None = None
+    json_object: bool = False
+    skip_special_tokens: bool = True
+    # Embeddings: the prompt is these segments' ids back to back (one input each), and the
+    # request pools them instead of generating (max_tokens 0).
+    embed_segments: tuple[int, ...] = ()
+    dimensions: int | None = None
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.json_object
+
+    def non_default(self) -> list[str]:
+        """Names of the parameters set away from their neutral value (capability checks)."""
+        neutral = SamplingParams(max_tokens=self.max_tokens)
+        return [name for name in _OPTIONAL if getattr(self, name) != getattr(neutral, name)]
+
+
+_OPTIONAL = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+             "min_tokens", "logprobs", "json_schema", "json_object", "skip_special_tokens")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability and the top alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,6 +103,8 @@ class TokenDelta:
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    # One per token id, when the request asked for logprobs.
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +171,15 @@ class Engine(abc.ABC):
                 if delta.finish_reason is not None:
                     return delta
         return None
+
+    async def embed(self, request_id: str, prompts: list[list[int]],
+                    dimensions: int | None = None) -> list[list[float]]:
+        """One embedding vector per prompt (an embedding model's pooled output).
+
+        ``dimensions`` shortens the vectors where the model supports it. Engines that serve
+        no embedding model keep this default. Cancelling the caller abandons the request.
+        """
+        raise EngineError("this engine does not serve embeddings", retryable=False)
 
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:
