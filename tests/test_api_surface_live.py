@@ -420,7 +420,10 @@ def test_agents_sdk_tool_using_agent_with_responses_model(live) -> None:
             agent = Agent(
                 name="weather", instructions="Answer with the weather.", tools=[get_weather],
                 model=OpenAIResponsesModel(model=MODEL, openai_client=ac),
-                model_settings=ModelSettings(tool_choice="required", max_tokens=200))
+                # Greedy: the simulated model's answer after the tool ends well within the
+                # limit (the SDK treats a response cut by max_output_tokens as a failure).
+                model_settings=ModelSettings(tool_choice="required", max_tokens=500,
+                                             temperature=0))
             if not stream:
                 return await Runner.run(agent, "What is the weather in Oslo?", max_turns=4)
             run = Runner.run_streamed(agent, "What is the weather in Oslo?", max_turns=4)
@@ -451,7 +454,7 @@ def test_responses_text_tools_and_stream_events(live, redis_client) -> None:
     tools = [{"type": "function", "name": "get_weather", "parameters":
               WEATHER["function"]["parameters"], "strict": True}]
     called = c.responses.create(model=MODEL, input=ASK, tools=tools, tool_choice="required",
-                                max_output_tokens=200)
+                                parallel_tool_calls=False, max_output_tokens=200)
     [call] = [item for item in called.output if item.type == "function_call"]
     jsonschema.validate(json.loads(call.arguments), SCHEMAS["get_weather"])
     follow = c.responses.create(model=MODEL, max_output_tokens=5, tools=tools, input=[
