@@ -270,6 +270,25 @@ def test_n_choices_charge_n_times_max_tokens_and_settle_exactly(live, redis_clie
     procs.wait_until(lambda: concurrency(redis_client, live["key"]) == 0, 5, "slot back")
 
 
+def test_n_choices_are_reserved_up_front_and_refunded_to_the_exact_use(live,
+                                                                       redis_client) -> None:
+    tenant = make_tenant(output_tpm=1, output_burst=59, max_output_tokens=100)
+    _, plain = make_key(tenant)
+    c = openai.OpenAI(base_url=live["url"] + "/v1", api_key=plain, max_retries=0)
+    # 3 x 20 = 60 output tokens cannot fit a bucket of 59: refused whole, nothing charged.
+    with pytest.raises(openai.RateLimitError) as err:
+        c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20, n=3)
+    assert err.value.code == "request_too_large"
+    assert redis_client.hget(key("bucket", "tenant", tenant.pk, "out"), "level") is None
+    reply = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20, n=2)
+    used = reply.usage.completion_tokens
+    assert 2 <= used <= 40
+    wait_record(redis_client, rid_of(reply.id))
+    level = float(redis_client.hget(key("bucket", "tenant", tenant.pk, "out"), "level"))
+    # 40 reserved, 40 - used returned at settlement; the refill (1 token a minute) is < 0.5.
+    assert 59 - used <= level < 59 - used + 0.5
+
+
 def test_n_choices_stream_with_usage(live) -> None:
     chunks = list(client(live).chat.completions.create(
         model=MODEL, messages=ASK, max_tokens=8, n=2, stream=True,
