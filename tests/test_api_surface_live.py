@@ -289,6 +289,34 @@ def test_n_choices_are_reserved_up_front_and_refunded_to_the_exact_use(live,
     assert 59 - used <= level < 59 - used + 0.5
 
 
+def test_a_disconnect_aborts_every_choice_and_bills_what_was_sent(live, redis_client) -> None:
+    import httpx
+
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 1500, "n": 3, "stream": True,
+            "ignore_eos": True}
+    with httpx.Client(timeout=30) as http, http.stream(
+            "POST", live["url"] + "/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {live['plain']}"}) as resp:
+        rid = resp.headers["x-request-id"]
+        indexes: set[int] = set()
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                choices = json.loads(line[6:])["choices"]
+                indexes.update(c["index"] for c in choices if c["delta"].get("content"))
+            if len(indexes) == 3:
+                break
+    record = wait_record(redis_client, rid)
+    assert record["status"] == "cancelled"
+    assert 3 <= record["completion_tokens"] < 4500
+
+    def engine_idle() -> bool:  # all three sequences left the engine, with their KV (I5)
+        load = redis_client.hgetall(key("worker", "surface-w1", "load"))
+        return load.get(b"running") == b"0" and load.get(b"kv_tokens_used") == b"0"
+
+    procs.wait_until(engine_idle, 5, "the engine to free every choice's sequence")
+    procs.wait_until(lambda: concurrency(redis_client, live["key"]) == 0, 5, "slot back")
+
+
 def test_n_choices_stream_with_usage(live) -> None:
     chunks = list(client(live).chat.completions.create(
         model=MODEL, messages=ASK, max_tokens=8, n=2, stream=True,
