@@ -31,6 +31,7 @@ POOL = "surface-pool"
 MODEL = "sim-surface"
 EMBED_POOL = "surface-embed"
 EMBED = "sim-embed"
+FAULT_SEED = 777
 ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "2"}
 TOK = load_tokenizer(None)
 ASK = [{"role": "user", "content": "What is the weather in Oslo, and the time in Tokyo?"}]
@@ -54,8 +55,12 @@ class City(BaseModel):
 
 def ensure_pool() -> None:
     Pool.objects.get_or_create(name=POOL, defaults={
-        "model": make_model(MODEL), "backend_settings": {"decode_tokens_per_s": 2000.0},
-        "max_sequences": 32})
+        "model": make_model(MODEL), "max_sequences": 32, "backend_settings": {
+            "decode_tokens_per_s": 2000.0,
+            # Requests sent with this seed fail in the engine after 3 tokens (a drill):
+            # with n > 1 and seed 776, only choice 1 (seed 777) fails.
+            "faults": [{"seed": FAULT_SEED, "kind": "error", "after_tokens": 3,
+                        "retryable": False}]}})
     Pool.objects.get_or_create(name=EMBED_POOL, defaults={
         "model": make_model(EMBED, task="embed"), "backend_settings": {"embedding_dim": 256}})
 
@@ -315,6 +320,23 @@ def test_a_disconnect_aborts_every_choice_and_bills_what_was_sent(live, redis_cl
 
     procs.wait_until(engine_idle, 5, "the engine to free every choice's sequence")
     procs.wait_until(lambda: concurrency(redis_client, live["key"]) == 0, 5, "slot back")
+
+
+def test_one_failing_choice_fails_the_request_and_stops_the_others(live, redis_client) -> None:
+    raw = client(live).chat.completions.with_raw_response
+    with pytest.raises(openai.InternalServerError) as err:
+        raw.create(model=MODEL, messages=ASK, max_tokens=400, n=2, seed=FAULT_SEED - 1,
+                   extra_body={"ignore_eos": True})
+    assert err.value.code == "engine_error"
+    record = wait_record(redis_client, err.value.response.headers["x-request-id"])
+    assert record["status"] == "error"
+    assert 3 <= record["completion_tokens"] < 800  # what was delivered, not the reservation
+
+    def engine_idle() -> bool:
+        load = redis_client.hgetall(key("worker", "surface-w1", "load"))
+        return load.get(b"running") == b"0" and load.get(b"kv_tokens_used") == b"0"
+
+    procs.wait_until(engine_idle, 5, "the other choice's sequence to be aborted")
 
 
 def test_n_choices_stream_with_usage(live) -> None:
