@@ -14,9 +14,11 @@ from gateway.inference import openapi
 from gateway.inference.consumers import (
     ChatCompletionsConsumer,
     CompletionsConsumer,
+    EmbeddingsConsumer,
     MetricsConsumer,
     ModelsConsumer,
     NotFoundConsumer,
+    ResponsesConsumer,
 )
 
 
@@ -24,6 +26,8 @@ def inference_routes() -> list[URLPattern]:
     return [
         path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
         path("v1/completions", CompletionsConsumer.as_asgi()),
+        path("v1/responses", ResponsesConsumer.as_asgi()),
+        path("v1/embeddings", EmbeddingsConsumer.as_asgi()),
         path("v1/models", ModelsConsumer.as_asgi()),
         re_path(r"^v1/models/(?P<model>[^/]+)$", ModelsConsumer.as_asgi()),
         path("v1/openapi.json", openapi.consumer().as_asgi()),

@@ -40,11 +40,24 @@ MODEL_MAX_LENGTH = 8192
 # assistant turn: the engine's EOS then ends the assistant's answer, as with real chat models.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    # Tools go in a system turn of their own, Hermes style, before the conversation.
+    "{% if tools %}"
+    "{{ '<|system|>\nYou may call functions. Their signatures are within <tools></tools>:\n"
+    "<tools>\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    "{{ '</tools>\nTo call one, answer with <tool_call>{\"name\": <function name>, "
+    "\"arguments\": <arguments object>}</tool_call> for each call.' + eos_token + '\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + message['role']) }}"
     "{% endif %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{{ '<|' + message['role'] + '|>\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{{ '<tool_call>' }}{{ {'name': call['function']['name'], "
+    "'arguments': call['function']['arguments']} | tojson }}{{ '</tool_call>' }}"
+    "{% endfor %}"
+    "{{ eos_token + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )

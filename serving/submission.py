@@ -231,7 +231,8 @@ async def submit(
     if cache_salt is None:
         cache_salt = salt_of(int(tenant_id))
     started = time.monotonic()
-    prompt, max_out = len(prompt_token_ids), sampling.max_tokens
+    # n choices may each generate max_tokens: all of it is reserved, and settled to what ran.
+    prompt, max_out = len(prompt_token_ids), sampling.max_tokens * sampling.n
     result = await admission.admit_async(
         request_id=rid, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,

@@ -28,6 +28,13 @@ class FinishReason:
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """What one engine sequence is sampled with (vLLM's names and neutral values).
+
+    ``n`` choices are n sequences the worker runs side by side (``workers.host``); an engine
+    sees ``n`` only as a hint, each of its sequences is one choice. ``json_schema`` (JSON text)
+    and ``json_object`` constrain decoding to valid JSON (structured outputs).
+    """
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -35,6 +42,33 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: no logprobs; k: the sampled token's and the top k
+    json_schema: str | None = None
+    json_object: bool = False
+    skip_special_tokens: bool = True
+    # Embeddings: the prompt is these segments' ids back to back (one input each), and the
+    # request pools them instead of generating (max_tokens 0).
+    embed_segments: tuple[int, ...] = ()
+    dimensions: int | None = None
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.json_object
+
+    def non_default(self) -> list[str]:
+        """Names of the parameters set away from their neutral value (capability checks)."""
+        neutral = SamplingParams(max_tokens=self.max_tokens)
+        return [name for name in _OPTIONAL if getattr(self, name) != getattr(neutral, name)]
+
+
+_OPTIONAL = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+             "min_tokens", "logprobs", "json_schema", "json_object", "skip_special_tokens")
 
 
 def pack_prompt(ids: Sequence[int]) -> bytes:
@@ -57,6 +91,8 @@ def unpack_sampling(data: bytes | str) -> SamplingParams:
     raw: dict[str, Any] = json.loads(data)
     raw["stop"] = tuple(raw.get("stop") or ())
     raw["stop_token_ids"] = tuple(raw.get("stop_token_ids") or ())
+    raw["logit_bias"] = tuple((int(t), float(b)) for t, b in raw.get("logit_bias") or ())
+    raw["embed_segments"] = tuple(raw.get("embed_segments") or ())
     return SamplingParams(**raw)
 
 

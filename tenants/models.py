@@ -64,6 +64,19 @@ class ServedModel(models.Model):
         ),
     )
     max_model_len = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(16)])
+    tool_call_parser = models.CharField(
+        max_length=32, default="hermes",
+        choices=[("hermes", "Hermes <tool_call> JSON (Qwen, Hermes)"),
+                 ("llama3_json", "Llama 3 JSON"), ("mistral", "Mistral [TOOL_CALLS]")],
+        help_text="How this model writes tool calls (parsed for tool_choice auto).",
+    )
+    task = models.CharField(
+        max_length=16, default="generate",
+        choices=[("generate", "Text generation (chat, completions)"),
+                 ("embed", "Embeddings (/v1/embeddings)")],
+        help_text="What the model serves; vLLM pools of an embedding model run its pooling "
+                  "runner.",
+    )
     num_layers = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1)])
     num_kv_heads = models.PositiveIntegerField(default=8, validators=[MinValueValidator(1)])
     head_dim = models.PositiveIntegerField(default=128, validators=[MinValueValidator(1)])

@@ -131,8 +131,8 @@ def test_openapi_document_lists_every_inference_route() -> None:
     doc = openapi.spec()
     assert doc["openapi"].startswith("3.")
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                 "/v1/models/{model}"}
-    for path in ("/v1/chat/completions", "/v1/completions"):
+                                 "/v1/models/{model}", "/v1/responses", "/v1/embeddings"}
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"):
         responses = doc["paths"][path]["post"]["responses"]
         assert {"200", "400", "401", "404", "408", "413", "429", "503"} <= set(responses)
     json.loads(openapi.spec_bytes())  # serialisable as served

@@ -474,7 +474,7 @@ BAD = [
     ("POST", "/v1/chat/completions",
      json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 100_000}).encode(), 400),
     ("POST", "/v1/chat/completions",
-     json.dumps({"model": MODEL, "messages": HELLO, "n": 2}).encode(), 400),
+     json.dumps({"model": MODEL, "messages": HELLO, "n": 99}).encode(), 400),
     ("POST", "/v1/chat/completions",
      json.dumps({"model": MODEL, "messages": HELLO, "tools": []}).encode(), 400),
     ("POST", "/v1/chat/completions",

@@ -89,8 +89,8 @@ def test_completion_prompt_forms() -> None:
         (body(messages=[{"role": "user", "content": 3}]), "messages[0].content", "invalid_type"),
         (body(messages=[{"role": "user", "content": "\ud800"}]), "messages[0].content",
          "invalid_encoding"),
-        (body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role",
-         "unsupported_parameter"),
+        (body(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id",
+         "missing_required_parameter"),
         (body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
          "messages[0].content[0]", "unsupported_value"),
         (body(max_tokens=-1), "max_tokens", "invalid_value"),
@@ -113,12 +113,19 @@ def test_completion_prompt_forms() -> None:
          "invalid_type"),
         (body(stream=True, stream_options={"other": 1}), "stream_options.other",
          "unknown_parameter"),
-        (body(n=2), "n", "unsupported_value"),
-        (body(n="1"), "n", "unsupported_value"),
-        (body(tools=[]), "tools", "unsupported_parameter"),
-        (body(logit_bias={"1": 5}), "logit_bias", "unsupported_parameter"),
-        (body(frequency_penalty=0.5), "frequency_penalty", "unsupported_value"),
-        (body(logprobs=True), "logprobs", "unsupported_value"),
+        (body(n=0), "n", "invalid_value"),
+        (body(n=17), "n", "invalid_value"),
+        (body(n="1"), "n", "invalid_type"),
+        (body(tools=[]), "tools", "invalid_value"),
+        (body(logit_bias={"x": 5}), "logit_bias", "invalid_value"),
+        (body(logit_bias={"1": 101}), "logit_bias", "invalid_value"),
+        (body(frequency_penalty=2.5), "frequency_penalty", "invalid_value"),
+        (body(logprobs="yes"), "logprobs", "invalid_type"),
+        (body(top_logprobs=3), "top_logprobs", "invalid_value"),
+        (body(logprobs=True, top_logprobs=21), "top_logprobs", "invalid_value"),
+        (body(tool_choice="required"), "tool_choice", "invalid_value"),
+        (body(response_format={"type": "xml"}), "response_format.type", "invalid_value"),
+        (body(functions=[]), "functions", "unsupported_parameter"),
         (body(prompt="x"), "prompt", "unknown_parameter"),
         (body(tenant_id=7), "tenant_id", "unknown_parameter"),
     ],
@@ -146,7 +153,7 @@ def test_bad_completion_bodies_are_400(fields: dict[str, object], param: str) ->
 
 
 def test_error_body_is_openai_json() -> None:
-    err = refused(body(n=3))
+    err = refused(body(n=0))
     assert json.loads(err.body()) == {"error": err.payload()["error"]}
 
 

@@ -84,7 +84,7 @@ def test_chat_template_with_generation_prompt():
 
 def test_chat_template_rejects_unknown_role():
     with pytest.raises(ChatTemplateError, match="unknown role"):
-        TOK.apply_chat_template([{"role": "tool", "content": "x"}])
+        TOK.apply_chat_template([{"role": "narrator", "content": "x"}])
 
 
 def test_incremental_detokenizer_never_emits_half_characters():

@@ -29,15 +29,18 @@ Requests still queued stay queued for the pool's other workers.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import logging
 import os
+import random
 import socket
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import bootsteps
@@ -51,7 +54,14 @@ from serving.lua import script
 from serving.settlement import Status
 from serving.wfq import AsyncWfq
 from serving.wire import unpack_prompt, unpack_sampling, usage_of
-from workers.engine.base import Engine, EngineError, EngineRequest, FinishReason, TokenDelta
+from workers.engine.base import (
+    Engine,
+    EngineError,
+    EngineRequest,
+    FinishReason,
+    TokenDelta,
+    Usage,
+)
 from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
 
 log = logging.getLogger(__name__)
@@ -77,7 +87,11 @@ class _Running:
     broken: bool = False
     first_sent: bool = False  # its first tokens are in a step batch (stamps first_token_at)
     invalid: bool = False  # the engine sent ids outside the vocabulary: aborted, fails
-    stream: asyncio.Future[TokenDelta | None] | None = None  # the engine.stream() call
+    stream: asyncio.Future[Any] | None = None  # the engine.stream() call(s)
+    # Framed requests (n choices, logprobs): the engine sequence of each choice, by index.
+    choice_ids: tuple[str, ...] = ()
+    choice_tasks: tuple[asyncio.Task[TokenDelta | None], ...] = ()
+    embedding: bool = False  # an embeddings request: pooled, not generated
 
     @property
     def started(self) -> bool:
@@ -168,7 +182,7 @@ class EngineHost:
             _, pending = await asyncio.wait(self._tasks, timeout=self.drain_timeout_s)
             if pending:
                 for rid in list(self.running):
-                    await self.engine.abort(rid)
+                    await self._abort(rid)
                 await asyncio.wait(pending, timeout=10)
         await self._flush_once()
 
@@ -282,9 +296,11 @@ class EngineHost:
             adapter=(payload.get("adapter") or b"").decode() or None,
         )
 
-    def _on_delta(self, entry: _Running, delta: TokenDelta) -> None:
+    def _on_delta(self, entry: _Running, delta: TokenDelta, choice: int | None = None) -> None:
         """One delta into this step's batch. Called synchronously, from inside the engine's
-        step for engines that batch (``Engine.stream``): keep it cheap and never raise."""
+        step for engines that batch (``Engine.stream``): keep it cheap and never raise.
+
+        ``choice`` is set for framed requests (see ``_run_choices``)."""
         if entry.invalid:
             return
         if entry.cancel_reason and delta.finish_reason is None:
@@ -297,24 +313,104 @@ class EngineHost:
             if entry.stream is not None:
                 entry.stream.cancel()
             return
+        if choice is not None:
+            if not entry.broken:
+                self._batch.add(entry.rid, frame(choice, delta), len(delta.token_ids),
+                                first=not entry.first_sent and bool(delta.token_ids))
+                entry.first_sent = entry.first_sent or bool(delta.token_ids)
+                self._flush_soon()
+            return
         if (delta.token_ids or delta.text) and not entry.broken:
             self._batch.add(entry.rid, delta.text, len(delta.token_ids),
                             first=not entry.first_sent)
             entry.first_sent = True
             self._flush_soon()
 
+    async def _abort(self, rid: str) -> None:
+        """Abort every engine sequence of a request (one per choice)."""
+        entry = self.running.get(rid)
+        if entry is not None and entry.embedding and entry.stream is not None:
+            entry.stream.cancel()  # an embedding call is abandoned by cancelling it
+            return
+        for seq_id in (entry.choice_ids if entry is not None and entry.choice_ids else (rid,)):
+            await self.engine.abort(seq_id)
+
     def _abort_soon(self, rid: str) -> None:
-        task = asyncio.create_task(self.engine.abort(rid))
+        task = asyncio.create_task(self._abort(rid))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _run_choices(self, entry: _Running, request: EngineRequest) -> asyncio.Future[Any]:
+        """Start one engine sequence per choice; the future resolves to their last deltas.
+
+        Choice 0 runs under the request id with the request's own seed (so n=1 with logprobs
+        samples exactly what a plain request does); choice i under ``rid.i`` with seed + i,
+        or a fresh seed when none was given, so the choices differ.
+        """
+        sp = request.sampling
+        requests = []
+        for i in range(sp.n):
+            seed = sp.seed if i == 0 else (
+                sp.seed + i if sp.seed is not None else random.getrandbits(62))
+            requests.append(replace(request, request_id=request.request_id if i == 0
+                                    else f"{request.request_id}.{i}",
+                                    sampling=replace(sp, n=1, seed=seed)))
+        entry.choice_ids = tuple(r.request_id for r in requests)
+
+        def one(i: int, req: EngineRequest) -> asyncio.Task[TokenDelta | None]:
+            return asyncio.create_task(
+                self.engine.stream(req, lambda d: self._on_delta(entry, d, i)))
+
+        entry.choice_tasks = tuple(one(i, r) for i, r in enumerate(requests))
+        return asyncio.gather(*entry.choice_tasks)
+
+    async def _embed(self, entry: _Running, request: EngineRequest) -> None:
+        """An embeddings request: one engine call for all its inputs, the vectors as one stream
+        entry, settled for its prompt tokens (there is no output)."""
+        rid, sp = entry.rid, request.sampling
+        ids, prompts, start = request.prompt_token_ids, [], 0
+        for length in sp.embed_segments:
+            prompts.append(ids[start:start + length])
+            start += length
+        entry.embedding = True
+        entry.stream = asyncio.ensure_future(self.engine.embed(rid, prompts, sp.dimensions))
+        prompt = len(ids)
+        try:
+            vectors = await entry.stream
+        except asyncio.CancelledError:
+            if _cancelling():
+                raise
+            event = transport.finish_event(FinishReason.ABORT, usage_of(prompt, 0, 0))
+            await self._settle(rid, Status.CANCELLED, FinishReason.ABORT, prompt, 0, 0,
+                               error_code=entry.cancel_reason or "cancelled", event=event)
+            return
+        except EngineError as exc:
+            await self._settle(rid, Status.ERROR, FinishReason.ERROR, prompt, 0, 0,
+                               error_code="engine_error",
+                               event=transport.error_event("engine_error", str(exc),
+                                                           retryable=exc.retryable))
+            return
+        if not entry.broken:
+            self._batch.add(rid, pack_vectors(vectors), 0, first=True)
+        await self._settle(rid, Status.OK, FinishReason.STOP, prompt, 0, 0, error_code=None,
+                           event=transport.finish_event(FinishReason.STOP,
+                                                        usage_of(prompt, 0, 0)))
+
     async def _generate(self, entry: _Running, request: EngineRequest) -> None:
         rid = entry.rid
-        entry.stream = asyncio.ensure_future(
-            self.engine.stream(request, lambda d: self._on_delta(entry, d)))
+        if request.sampling.embed_segments:
+            await self._embed(entry, request)
+            return
+        if framed(request):
+            entry.stream = self._run_choices(entry, request)
+        else:
+            entry.stream = asyncio.ensure_future(
+                self.engine.stream(request, lambda d: self._on_delta(entry, d)))
         try:
             try:
                 last = await entry.stream
+                if isinstance(last, list):
+                    last = combine(last)
             except asyncio.CancelledError:
                 if not entry.invalid or _cancelling():
                     raise
@@ -332,6 +428,12 @@ class EngineHost:
                 await self._refused(rid, exc)
                 return
             usage = getattr(exc, "usage", None)
+            if len(entry.choice_tasks) > 1:
+                # One choice failed: stop the others before settling, so nothing is written
+                # after the final entry; bill what was delivered (usage None).
+                await self._abort(rid)
+                await asyncio.wait(entry.choice_tasks, timeout=10)
+                usage = None
             await self._settle(
                 rid, Status.ERROR, FinishReason.ERROR,
                 usage.prompt_tokens if usage else None, usage.cached_prompt_tokens if usage else 0,
@@ -473,7 +575,7 @@ class EngineHost:
             return  # another worker's request (every worker of the pool hears every cancel)
         entry.cancel_reason = entry.cancel_reason or reason or "cancelled"
         if entry.started:
-            await self.engine.abort(rid)
+            await self._abort(rid)
 
     async def _heartbeats(self) -> None:
         while not _cancelling():
@@ -515,7 +617,7 @@ class EngineHost:
                   old, self.worker_id)
         for rid, entry in list(self.running.items()):
             entry.reaped = True
-            await self.engine.abort(rid)
+            await self._abort(rid)
         await self._beat()
 
     async def _janitor(self) -> None:
@@ -526,6 +628,55 @@ class EngineHost:
                 await asyncio.to_thread(janitor.sweep)
             except Exception:
                 log.exception("janitor sweep failed")
+
+
+def pack_vectors(vectors: list[list[float]]) -> str:
+    """Embedding vectors for the stream: {"d": width, "v": base64 of little-endian float32}."""
+    from array import array
+
+    flat = array("f", [x for vec in vectors for x in vec])
+    width = len(vectors[0]) if vectors else 0
+    return json.dumps({"d": width, "v": base64.b64encode(flat.tobytes()).decode()})
+
+
+def framed(request: EngineRequest) -> bool:
+    """Whether the request's stream carries framed per-choice pieces instead of plain text."""
+    sp = request.sampling
+    return sp.n > 1 or sp.logprobs is not None
+
+
+def frame(choice: int, delta: TokenDelta) -> str:
+    """One choice's delta as a JSON line: {"i": choice, "t": text, "lp": [...], "f": reason}.
+
+    ``lp`` holds [token id, logprob, [[id, logprob], ...]] per token; the gateway renders
+    tokens with the same tokenizer. JSON never contains a raw newline, so pieces the step
+    batch joins split again on "\n".
+    """
+    piece: dict[str, Any] = {"i": choice}
+    if delta.text:
+        piece["t"] = delta.text
+    if delta.logprobs:
+        piece["lp"] = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]]
+                       for lp in delta.logprobs]
+    if delta.finish_reason is not None:
+        piece["f"] = delta.finish_reason
+    return json.dumps(piece, separators=(",", ":")) + "\n"
+
+
+def combine(lasts: list[TokenDelta | None]) -> TokenDelta | None:
+    """The last deltas of n choices as one: the prompt once, output tokens summed (I2)."""
+    if any(last is None for last in lasts):
+        return None
+    done = [last for last in lasts if last is not None]
+    reasons = [d.finish_reason for d in done]
+    reason = FinishReason.ABORT if FinishReason.ABORT in reasons else reasons[0]
+    usages = [d.usage for d in done]
+    if any(u is None for u in usages):
+        return TokenDelta([], "", reason, None)
+    first = usages[0]
+    assert first is not None
+    out = sum(u.output_tokens for u in usages if u is not None)
+    return TokenDelta([], "", reason, Usage(first.prompt_tokens, first.cached_prompt_tokens, out))
 
 
 def _cancelling() -> bool:

@@ -147,13 +147,17 @@ class HFTokenizer:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def render_chat(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
+        """The template's text for a chat; ``tools`` (OpenAI's function tools) as HF passes
+        them, so a model's own template renders its tool prompt."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
         try:
             return self._template.render(
                 messages=messages,
+                tools=tools or None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
@@ -162,11 +166,12 @@ class HFTokenizer:
             raise ChatTemplateError(str(exc)) from exc
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Prompt ids for a chat, ending with the assistant's generation prompt."""
         # The template writes BOS itself, so no special tokens are added on top (as in HF).
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools))
 
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self)

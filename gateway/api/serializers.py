@@ -199,8 +199,8 @@ class ServedModelSerializer(serializers.ModelSerializer):
     class Meta:
         model = ServedModel
         fields = ["id", "name", "engine_model_id", "tokenizer_path", "max_model_len",
-                  "num_layers", "num_kv_heads", "head_dim", "bytes_per_value", "parameter_count",
-                  "created_at"]
+                  "tool_call_parser", "task", "num_layers", "num_kv_heads", "head_dim",
+                  "bytes_per_value", "parameter_count", "created_at"]
         read_only_fields = ["id", "created_at"]
 
 

@@ -33,8 +33,10 @@ def _encode(req: InferenceRequest, model: ModelInfo) -> list[int]:
     tokenizer = load_tokenizer(model.tokenizer_path)
     if req.kind == "chat":
         try:
-            return tokenizer.apply_chat_template(list(req.messages))
-        except ChatTemplateError as exc:
+            # Tool definitions are rendered into the prompt by the template, so they are
+            # counted and charged as the prompt tokens they are.
+            return tokenizer.apply_chat_template(list(req.messages), tools=list(req.tools))
+        except (ChatTemplateError, TypeError) as exc:
             raise invalid_request(f"The messages do not fit this model's chat template: {exc}",
                                   param="messages", code="invalid_value") from None
     if isinstance(req.prompt, tuple):
@@ -50,7 +52,7 @@ _loaded: set[str | None] = set()
 
 
 async def tokenize(req: InferenceRequest, model: ModelInfo) -> list[int]:
-    size = sum(len(m["content"]) for m in req.messages) + len(req.prompt)
+    size = req.text_size
     if size > INLINE_TOKENIZE_CHARS or model.tokenizer_path not in _loaded:
         # Big prompts, and the first use of a tokenizer (loading it reads and indexes its
         # files), run in a thread.

@@ -41,9 +41,10 @@ from django.conf import settings
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.inference import facade, idempotency, overload, revocation, sse
+from gateway.inference import embeddings, facade, idempotency, overload, revocation, sse
 from gateway.inference.admission import size_request, tokenize
 from gateway.inference.bodylimit import read_bounded_body
+from gateway.inference.choices import Assembler, framed, needs_assembler
 from gateway.inference.errors import (
     ApiError,
     method_not_allowed,
@@ -54,12 +55,23 @@ from gateway.inference.errors import (
 )
 from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
 from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
-from gateway.inference.responses import ChunkTemplate, completion_body, models_body
+from gateway.inference.responses import (
+    ChunkTemplate,
+    UsageCounts,
+    choices_body,
+    completion_body,
+    models_body,
+)
+from gateway.inference.responses_api import ResponseBuilder, dumps_events, to_chat
+from gateway.inference.sampling import check_supported, sampling_params
+from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
 from infra import clientaddr
 from infra.redis_conn import get_async_redis
 from metering import metrics
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
+from workers.engine.base import SamplingParams
+from workers.tokenization import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +317,11 @@ class CompletionConsumer(ApiConsumer):
         self.finish_detached = False
         await super().__call__(scope, receive, send)
 
+    resumable = True
+
+    def parse_request(self, data: dict[str, Any]) -> InferenceRequest:
+        return parse_object(data, self.kind)
+
     async def on_disconnect(self) -> None:
         if self.submission is not None and not self.finish_detached:
             await self.submission.cancel("client_disconnect")
@@ -313,16 +330,22 @@ class CompletionConsumer(ApiConsumer):
         principal = await self.authenticate()
         self.principal = principal
         data = load_json_object(body)
-        req = parse_object(data, self.kind)
-        resume = sse.parse_resume_id(self.header(b"last-event-id"))
+        req = self.parse_request(data)
+        resume = sse.parse_resume_id(self.header(b"last-event-id")) if self.resumable else None
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
             return
         pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
                                  principal.allowed_model_names)
+        self.pool = pool
+        if pool.model.task == "embed":
+            raise ApiError(400, f"The model `{req.model}` is an embedding model: use "
+                           "/v1/embeddings.", param="model", code="invalid_value")
         limits = principal.limits(req.model)
         prompt_ids = await tokenize(req, pool.model)
         sized = size_request(req, prompt_ids, await serving_model(pool), limits)
+        sampling = sampling_params(req, sized.max_tokens, pool.model.tool_call_parser)
+        check_supported(req, sampling, pool)
         await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
         claim = await self._idempotency(principal, data, req, limits.total_deadline_s)
         if isinstance(claim, idempotency.Replay):
@@ -331,7 +354,7 @@ class CompletionConsumer(ApiConsumer):
         self.finish_detached = claim is not None
         try:
             status, answer = await self._serve(principal, req, pool, sized.prompt_token_ids,
-                                               sized.max_tokens)
+                                               sampling)
         except BaseException:
             if claim is not None:
                 await asyncio.shield(claim.abandon())
@@ -349,13 +372,12 @@ class CompletionConsumer(ApiConsumer):
                                        idempotency.body_hash(data), deadline_s + 60)
 
     async def _serve(self, principal: Principal, req: InferenceRequest, pool: PoolInfo,
-                     prompt_ids: list[int], max_tokens: int) -> tuple[int, bytes]:
+                     prompt_ids: list[int], sampling: SamplingParams) -> tuple[int, bytes]:
         """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
         result = await facade.submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name,
-            model=req.model, prompt_token_ids=prompt_ids, max_tokens=max_tokens,
-            temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop,
-            stream=req.stream, ignore_eos=req.ignore_eos, adapter=pool.adapter,
+            model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
+            stream=req.stream, adapter=pool.adapter,
         )
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
@@ -366,9 +388,13 @@ class CompletionConsumer(ApiConsumer):
             await result.cancel("client_disconnect")
         headers = result.rate_limit.headers()
         if req.stream:
-            await Relay(self, req, result.events(), headers).run()
+            await self.relay(req, result, headers)
             return 0, b""
         return await self._collect(req, result, headers)
+
+    async def relay(self, req: InferenceRequest, sub: facade.Submission,
+                    headers: dict[str, str]) -> None:
+        await Relay(self, req, sub.events(), headers).run()
 
     async def _resume(self, principal: Principal, req: InferenceRequest, rid: str,
                       last_id: str) -> None:
@@ -379,21 +405,51 @@ class CompletionConsumer(ApiConsumer):
                            "expired).", param="Last-Event-ID", code="stream_not_found")
         self.request_id = rid
         self.submission = found
+        if needs_assembler(req):
+            # The assembler needs the model's tool parser and tokenizer.
+            pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
+                                     principal.allowed_model_names)
+            self.pool = pool
         await Relay(self, req, found.events(last_id), {}, resumed=True).run()
+
+    def assembler(self, req: InferenceRequest) -> Assembler | None:
+        """The choice assembler for requests off the plain text path (tools, n, logprobs)."""
+        if not needs_assembler(req):
+            return None
+        model = self.pool.model
+        return Assembler(req, get_parser(model.tool_call_parser),
+                         load_tokenizer(model.tokenizer_path), framed(req))
+
+    def answer(self, req: InferenceRequest, asm: Assembler, usage: UsageCounts) -> bytes:
+        """A whole response from a finished assembler."""
+        return facade.dumps(choices_body(req.kind, self.request_id, created_of(self.request_id),
+                                         req.model, asm.choices(), usage))
 
     async def _collect(self, req: InferenceRequest, sub: facade.Submission,
                        headers: dict[str, str]) -> tuple[int, bytes]:
         pieces: list[str] = []
         tokens = 0
+        asm = self.assembler(req)
         async for event in sub.events():
             if isinstance(event, facade.TokenEvent):
-                pieces.append(event.text)
+                if asm is not None:
+                    asm.feed(event.text)
+                else:
+                    pieces.append(event.text)
                 tokens += event.token_count
             elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
-                text = "".join(pieces)
-                answer = facade.dumps(completion_body(
-                    req.kind, self.request_id, created_of(self.request_id), req.model,
-                    text, event.finish_reason, facade.usage_counts(event.usage)))
+                usage = facade.usage_counts(event.usage)
+                created = created_of(self.request_id)
+                if asm is not None:
+                    asm.finish(event.finish_reason)
+                    texts = asm.texts()
+                    text = texts[0] if len(texts) == 1 else "\n\n".join(texts)
+                    answer = self.answer(req, asm, usage)
+                else:
+                    text = "".join(pieces)
+                    answer = facade.dumps(completion_body(
+                        req.kind, self.request_id, created, req.model, text,
+                        event.finish_reason, usage))
                 await self.send_json(200, answer, headers)
                 await self.log_content(req, text)
                 return 200, answer
@@ -426,6 +482,106 @@ class CompletionsConsumer(CompletionConsumer):
     kind: Kind = "completion"
 
 
+class EmbeddingsConsumer(CompletionConsumer):
+    """POST /v1/embeddings (``gateway.inference.embeddings``): admitted, queued, settled and
+    cancelled on disconnect like a completion; the worker pools instead of generating."""
+
+    async def handle(self, body: bytes) -> None:
+        principal = await self.authenticate()
+        self.principal = principal
+        req = embeddings.parse(load_json_object(body))
+        pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
+                                 principal.allowed_model_names)
+        self.pool = pool
+        if pool.model.task != "embed":
+            raise ApiError(400, f"The model `{req.model}` does not serve embeddings.",
+                           param="model", code="invalid_value")
+        prompts = await asyncio.to_thread(embeddings.tokenize, req, pool.model,
+                                          principal.limits(req.model))
+        await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
+        result = await facade.submit_request(
+            request_id=self.request_id, principal=principal, pool=pool.name, model=req.model,
+            prompt_token_ids=[t for p in prompts for t in p],
+            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter)
+        if isinstance(result, facade.Rejection):
+            await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
+                                          result.reason)
+            raise rejection_error(result)
+        self.submission = result
+        if self.disconnected.is_set():
+            await result.cancel("client_disconnect")
+        vectors: list[list[float]] = []
+        async for event in result.events():
+            if isinstance(event, facade.TokenEvent):
+                vectors = embeddings.unpack(event.text)
+            elif isinstance(event, facade.FinishEvent) and event.finish_reason == "stop":
+                answer = embeddings.body(req, vectors, event.usage.prompt_tokens)
+                await self.send_json(200, facade.dumps(answer), result.rate_limit.headers())
+                return
+            else:
+                raise failure(event, 0)
+        raise unavailable("The request ended without a result.")
+
+
+class ResponsesConsumer(CompletionConsumer):
+    """POST /v1/responses: a chat completion answered in the Responses API's shapes
+    (``gateway.inference.responses_api``). Not resumable: its events carry no ids."""
+
+    kind: Kind = "chat"
+    resumable = False
+
+    def parse_request(self, data: dict[str, Any]) -> InferenceRequest:
+        self.body_data = data
+        return parse_object(to_chat(data), "chat")
+
+    def assembler(self, req: InferenceRequest) -> Assembler:
+        model = self.pool.model
+        return Assembler(req, get_parser(model.tool_call_parser),
+                         load_tokenizer(model.tokenizer_path), framed(req))
+
+    def answer(self, req: InferenceRequest, asm: Assembler, usage: UsageCounts) -> bytes:
+        builder = ResponseBuilder(self.request_id, req.model, self.body_data)
+        return facade.dumps(builder.whole(asm, usage))
+
+    async def relay(self, req: InferenceRequest, sub: facade.Submission,
+                    headers: dict[str, str]) -> None:
+        asm = self.assembler(req)
+        builder = ResponseBuilder(self.request_id, req.model, self.body_data)
+        tokens = 0
+        ticker = asyncio.create_task(self._keepalive(headers, builder))
+        try:
+            async for event in sub.events():
+                if isinstance(event, facade.TokenEvent):
+                    await self._begin(headers, builder)
+                    tokens += event.token_count
+                    await self.write(dumps_events(builder.feed(asm.feed(event.text))))
+                elif isinstance(event, facade.FinishEvent) and \
+                        event.finish_reason in FINISH_REASONS:
+                    await self._begin(headers, builder)
+                    events = builder.feed(asm.finish(event.finish_reason))
+                    events += builder.end(facade.usage_counts(event.usage))
+                    await self.write(dumps_events(events), more=False)
+                    texts = asm.texts()
+                    await self.log_content(req, texts[0] if texts else "")
+                    return
+                else:
+                    raise failure(event, tokens)
+            raise unavailable("The stream ended without a result.")
+        finally:
+            ticker.cancel()
+
+    async def _begin(self, headers: dict[str, str], builder: ResponseBuilder) -> None:
+        if not self.started:
+            await self.start(200, headers, sse.HEADERS)
+            await self.write(dumps_events(builder.start()))
+
+    async def _keepalive(self, headers: dict[str, str], builder: ResponseBuilder) -> None:
+        while True:
+            await asyncio.sleep(settings.SSE_KEEPALIVE_SECONDS)
+            await self._begin(headers, builder)
+            await self.write(sse.KEEPALIVE)
+
+
 class Relay:
     """One SSE response: headers on the first event, keep-alives while idle, [DONE] at the end."""
 
@@ -439,6 +595,7 @@ class Relay:
         self.resumed = resumed
         self.tpl = ChunkTemplate(req.kind, consumer.request_id,
                                  created_of(consumer.request_id), req.model, req.include_usage)
+        self.asm = consumer.assembler(req)
         self.id_prefix = consumer.request_id + sse.RESUME_SEPARATOR
         self._id_head = b"id: " + self.id_prefix.encode()
         self.tokens = 0
@@ -490,7 +647,11 @@ class Relay:
             return
         await self.c.start(200, self.headers, sse.HEADERS)
         if self.req.kind == "chat" and not self.resumed:
-            await self._write(sse.event(self.tpl.role()))
+            if self.asm is not None:
+                await self._write(b"".join(sse.event(self.tpl.choice(c))
+                                           for c in self.asm.role_chunks()))
+            else:
+                await self._write(sse.event(self.tpl.role()))
 
     async def _write(self, data: bytes, *, more: bool = True) -> None:
         self.last_write = time.monotonic()
@@ -506,14 +667,23 @@ class Relay:
                 self.tokens += event.token_count
                 if self.pieces is not None:
                     self.pieces.append(event.text)
-                self._buf.append(b"%s%s\ndata: %s\n\n" % (
-                    self._id_head, event.event_id.encode(), self.tpl.delta(event.text)))
+                if self.asm is not None:
+                    self._chunks(self.asm.feed(event.text), event.event_id)
+                else:
+                    self._buf.append(b"%s%s\ndata: %s\n\n" % (
+                        self._id_head, event.event_id.encode(), self.tpl.delta(event.text)))
                 if not self._pending():
                     await self._flush()
             elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
                 await self._begin()
-                self._buf.append(sse.event(self.tpl.finish(event.finish_reason),
-                                           self.id_prefix + event.event_id))
+                if self.asm is not None:
+                    self._chunks(self.asm.finish(event.finish_reason), event.event_id)
+                    if self.pieces is not None:
+                        texts = self.asm.texts()
+                        self.pieces = [texts[0] if len(texts) == 1 else "\n\n".join(texts)]
+                else:
+                    self._buf.append(sse.event(self.tpl.finish(event.finish_reason),
+                                               self.id_prefix + event.event_id))
                 if self.req.include_usage:
                     self._buf.append(sse.event(self.tpl.usage(facade.usage_counts(event.usage))))
                 self._buf.append(sse.DONE)
@@ -526,6 +696,13 @@ class Relay:
                 raise failure(event, self.tokens)
         await self._flush()
         raise unavailable("The stream ended without a result.")
+
+    def _chunks(self, choices: list[dict[str, Any]], event_id: str) -> None:
+        """Chunks for the assembler's choices; the last carries the entry id (resume point)."""
+        for k, choice in enumerate(choices):
+            last = k == len(choices) - 1
+            self._buf.append(sse.event(self.tpl.choice(choice),
+                                       self.id_prefix + event_id if last else None))
 
     async def _flush(self, *, more: bool = True) -> None:
         if self._buf or not more:

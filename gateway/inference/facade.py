@@ -41,12 +41,9 @@ def usage_counts(usage: UsageInfo) -> UsageCounts:
 
 async def submit_request(
     *, request_id: str, principal: Principal, pool: str, model: str,
-    prompt_token_ids: Sequence[int], max_tokens: int, temperature: float, top_p: float,
-    seed: int | None, stop: tuple[str, ...], stream: bool, ignore_eos: bool = False,
+    prompt_token_ids: Sequence[int], sampling: SamplingParams, stream: bool,
     adapter: str | None = None,
 ) -> Submission | Rejection:
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed, stop=stop, ignore_eos=ignore_eos)
     limits = AdmissionLimits.from_limits(principal.tenant_limits(model), principal.limits(model))
     return await submit(
         tenant_id=principal.tenant_id, key_id=principal.key_id, weight=principal.tenant_weight,

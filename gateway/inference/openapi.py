@@ -14,7 +14,9 @@ import json
 from functools import cache
 from typing import Any
 
+from gateway.inference import embeddings as emb
 from gateway.inference import requests as rq
+from gateway.inference import responses_api as rapi
 from gateway.inference.consumers import ApiConsumer
 from gateway.inference.requests import (
     CHAT_FIELDS,
@@ -23,6 +25,7 @@ from gateway.inference.requests import (
     MAX_TOKENS_CEILING,
     ROLES,
 )
+from gateway.inference.tools import MAX_TOOLS
 
 REF = "#/components/schemas/"
 # Statuses every POST endpoint may answer besides 200, and why.
@@ -71,12 +74,24 @@ def _common_properties() -> dict[str, Any]:
             "properties": {"include_usage": _nullable({"type": "boolean"})},
             "description": "Only with stream: true.",
         }),
-        "n": _nullable({"type": "integer", "enum": [1]}),
+        "n": _nullable({"type": "integer", "minimum": 1, "maximum": rq.MAX_N,
+                        "description": "Choices; admission reserves n x max_tokens."}),
         "metadata": {"nullable": True, "description": "Accepted and ignored."},
         "store": {"nullable": True, "description": "Accepted and ignored."},
         "service_tier": {"nullable": True, "description": "Accepted and ignored."},
         "ignore_eos": _nullable({"type": "boolean", "description": "vLLM extension."}),
-        **{name: _nullable({"enum": [neutral]}) for name, neutral in rq.NEUTRAL.items()},
+        "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "repetition_penalty": _nullable({"type": "number", "minimum": 0.01, "maximum": 10,
+                                         "description": "vLLM extension."}),
+        "min_tokens": _nullable({"type": "integer", "minimum": 0,
+                                 "maximum": MAX_TOKENS_CEILING,
+                                 "description": "vLLM extension."}),
+        "logit_bias": _nullable({
+            "type": "object", "maxProperties": rq.MAX_LOGIT_BIAS,
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            "description": "Token id (as a string) -> bias."}),
+        "response_format": _nullable(_ref("ResponseFormat")),
     }
 
 
@@ -85,13 +100,53 @@ def _message() -> dict[str, Any]:
                  "properties": {"type": {"type": "string", "enum": ["text"]},
                                 "text": {"type": "string"}}}
     return {
-        "type": "object", "required": ["role", "content"], "additionalProperties": False,
+        "type": "object", "required": ["role"], "additionalProperties": False,
+        "description": "content is required unless an assistant message has tool_calls; "
+                       "tool messages need tool_call_id.",
         "properties": {
             "role": {"type": "string", "enum": sorted(ROLES)},
-            "content": {"oneOf": [{"type": "string"},
-                                  {"type": "array", "items": text_part}]},
+            "content": _nullable({"oneOf": [{"type": "string"},
+                                            {"type": "array", "items": text_part}]}),
             "name": _nullable({"type": "string"}),
+            "tool_calls": _nullable({"type": "array", "items": _ref("ToolCall")}),
+            "tool_call_id": _nullable({"type": "string"}),
+            "refusal": _nullable({"type": "string"}),
         },
+    }
+
+
+def _tool_schemas() -> dict[str, Any]:
+    name = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+    function = {"type": "object", "required": ["name"], "additionalProperties": False,
+                "properties": {"name": name, "description": _nullable({"type": "string"}),
+                               "parameters": _nullable({"type": "object"}),
+                               "strict": _nullable({"type": "boolean"})}}
+    return {
+        "Tool": {"type": "object", "required": ["type", "function"],
+                 "additionalProperties": False,
+                 "properties": {"type": {"type": "string", "enum": ["function"]},
+                                "function": function}},
+        "ToolChoice": {"oneOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {"type": "object", "required": ["type", "function"], "properties": {
+                "type": {"type": "string", "enum": ["function"]},
+                "function": {"type": "object", "required": ["name"],
+                             "properties": {"name": {"type": "string"}}}}}]},
+        "ToolCall": {"type": "object", "required": ["type", "function"], "properties": {
+            "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+            "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+                "name": {"type": "string"}, "arguments": {"type": "string"}}}}},
+        "ResponseFormat": {"oneOf": [
+            {"type": "object", "required": ["type"], "additionalProperties": False,
+             "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
+            {"type": "object", "required": ["type", "json_schema"],
+             "additionalProperties": False, "properties": {
+                 "type": {"type": "string", "enum": ["json_schema"]},
+                 "json_schema": {"type": "object", "required": ["name"],
+                                 "additionalProperties": False, "properties": {
+                                     "name": name, "schema": {"type": "object"},
+                                     "strict": _nullable({"type": "boolean"}),
+                                     "description": _nullable({"type": "string"})}}}}]},
     }
 
 
@@ -130,13 +185,18 @@ def _completion(obj: str, choice: dict[str, Any]) -> dict[str, Any]:
 def _choice(body: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": ["index", "finish_reason"], "properties": {
         "index": {"type": "integer"},
-        "finish_reason": {"type": "string", "enum": ["stop", "length"]},
-        "logprobs": {"nullable": True}, **body}}
+        "finish_reason": {"type": "string", "enum": ["stop", "length", "tool_calls"]},
+        "logprobs": {"nullable": True, "type": "object",
+                     "description": "With logprobs: chat {content: [{token, logprob, bytes, "
+                                    "top_logprobs}]}; completions {tokens, token_logprobs, "
+                                    "top_logprobs, text_offset}."}, **body}}
 
 
 def _schemas() -> dict[str, Any]:
     message_out = {"type": "object", "required": ["role", "content"], "properties": {
-        "role": {"type": "string", "enum": ["assistant"]}, "content": {"type": "string"},
+        "role": {"type": "string", "enum": ["assistant"]},
+        "content": _nullable({"type": "string"}),
+        "tool_calls": {"type": "array", "items": _ref("ToolCall")},
         "refusal": _nullable({"type": "string"})}}
     model = {"type": "object", "required": ["id", "object", "created", "owned_by"],
              "properties": {"id": {"type": "string"}, "object": {"enum": ["model"]},
@@ -146,16 +206,29 @@ def _schemas() -> dict[str, Any]:
             CHAT_FIELDS,
             {"messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
              "max_completion_tokens": _nullable(
-                 {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_CEILING})},
+                 {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_CEILING}),
+             "tools": _nullable({"type": "array", "minItems": 1, "maxItems": MAX_TOOLS,
+                                 "items": _ref("Tool")}),
+             "tool_choice": _nullable(_ref("ToolChoice")),
+             "parallel_tool_calls": _nullable({"type": "boolean"}),
+             "logprobs": _nullable({"type": "boolean"}),
+             "top_logprobs": _nullable({"type": "integer", "minimum": 0,
+                                        "maximum": rq.MAX_TOP_LOGPROBS,
+                                        "description": "Needs logprobs: true."})},
             ["model", "messages"]),
         "CompletionRequest": _request(
             COMPLETION_FIELDS,
             {"prompt": {"oneOf": [
                 {"type": "string", "minLength": 1},
                 {"type": "array", "minItems": 1,
-                 "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}}]}},
+                 "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}}]},
+             "logprobs": _nullable({"type": "integer", "minimum": 0,
+                                    "maximum": rq.MAX_COMPLETION_LOGPROBS})},
             ["model", "prompt"]),
         "ChatMessage": _message(),
+        **_tool_schemas(),
+        **_embedding_schemas(),
+        **_responses_schemas(),
         # One server-sent event: ``data`` is a chunk (JSON), an error body or ``[DONE]``;
         # ``id`` (``<request id>/<entry>``) is what Last-Event-ID resumes from.
         "StreamEvent": {"type": "object", "required": ["data"], "properties": {
@@ -172,6 +245,71 @@ def _schemas() -> dict[str, Any]:
             "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                            "param": _nullable({"type": "string"}),
                            "code": _nullable({"type": "string"})}}}},
+    }
+
+
+def _embedding_schemas() -> dict[str, Any]:
+    ids = {"type": "array", "minItems": 1,
+           "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}}
+    text = {"type": "string", "minLength": 1}
+    return {
+        "EmbeddingRequest": {
+            "type": "object", "required": ["model", "input"], "additionalProperties": False,
+            "properties": {
+                "model": {"type": "string", "minLength": 1, "maxLength": 256},
+                "input": {"oneOf": [text, ids, {"type": "array", "minItems": 1,
+                                                "maxItems": emb.MAX_INPUTS,
+                                                "items": {"oneOf": [text, ids]}}]},
+                "encoding_format": _nullable({"type": "string", "enum": ["float", "base64"]}),
+                "dimensions": _nullable({"type": "integer", "minimum": 1, "maximum": 65536}),
+                "user": _nullable({"type": "string", "maxLength": 256})}},
+        "EmbeddingList": {"type": "object", "required": ["object", "data", "model", "usage"],
+                          "properties": {
+                              "object": {"enum": ["list"]}, "model": {"type": "string"},
+                              "data": {"type": "array", "items": {
+                                  "type": "object", "required": ["index", "embedding"],
+                                  "properties": {"object": {"enum": ["embedding"]},
+                                                 "index": {"type": "integer"},
+                                                 "embedding": {"oneOf": [
+                                                     {"type": "array",
+                                                      "items": {"type": "number"}},
+                                                     {"type": "string"}]}}}},
+                              "usage": {"type": "object"}}},
+    }
+
+
+def _responses_schemas() -> dict[str, Any]:
+    props: dict[str, Any] = {name: {"nullable": True, "description": "Accepted and ignored."}
+                             for name in sorted(rapi.IGNORED)}
+    props.update({
+        "model": {"type": "string", "minLength": 1, "maxLength": 256},
+        "input": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1,
+                                                 "items": {"type": "object"}}],
+                  "description": "Messages, function_call and function_call_output items."},
+        "instructions": _nullable({"type": "string"}),
+        "tools": _nullable({"type": "array", "items": {"type": "object"}}),
+        "tool_choice": {"nullable": True},
+        "parallel_tool_calls": _nullable({"type": "boolean"}),
+        "max_output_tokens": _nullable({"type": "integer", "minimum": 1,
+                                        "maximum": MAX_TOKENS_CEILING}),
+        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
+        "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+        "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 20}),
+        "stream": _nullable({"type": "boolean"}),
+        "text": _nullable({"type": "object"}),
+        "user": _nullable({"type": "string", "maxLength": 256}),
+        "previous_response_id": _nullable({"type": "string", "description":
+                                           "Refused (400): no responses are stored."}),
+    })
+    assert set(props) == set(rapi.FIELDS), set(props) ^ set(rapi.FIELDS)
+    return {
+        "ResponseRequest": {"type": "object", "required": ["model", "input"],
+                            "additionalProperties": False, "properties": props},
+        "Response": {"type": "object", "required": ["id", "object", "status", "output"],
+                     "properties": {"id": {"type": "string"}, "object": {"enum": ["response"]},
+                                    "status": {"type": "string"},
+                                    "output": {"type": "array", "items": {"type": "object"}},
+                                    "usage": {"nullable": True, "type": "object"}}},
     }
 
 
@@ -226,6 +364,9 @@ def spec() -> dict[str, Any]:
             "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest",
                                           "ChatCompletion"),
             "/v1/completions": _post("Create a completion", "CompletionRequest", "Completion"),
+            "/v1/responses": _post("Create a response (stateless)", "ResponseRequest",
+                                   "Response"),
+            "/v1/embeddings": _post("Create embeddings", "EmbeddingRequest", "EmbeddingList"),
             "/v1/models": _get("Models this key may use", "ModelList"),
             "/v1/models/{model}": _get("One model this key may use", "Model", model_param),
         },

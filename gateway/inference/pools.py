@@ -34,6 +34,8 @@ class ModelInfo:
     tokenizer_path: str | None
     max_model_len: int
     created: int
+    tool_call_parser: str = "hermes"  # how tool calls are read from its text (toolparsers)
+    task: str = "generate"  # or "embed": served on /v1/embeddings only
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class PoolInfo:
     dedicated_to: int | None
     model: ModelInfo
     max_sequences: int = 64
+    backend: str = "simulated"
+    dialect: str = ""  # an upstream's dialect (workers.engine.upstream.DIALECTS)
     # The pool's LoRA adapters (tenant data: each serves only its owner) and, once routing
     # picked one for a request, its public name.
     adapters: AdapterCatalog = field(default_factory=AdapterCatalog, compare=False)
@@ -64,11 +68,12 @@ _cache: tuple[float, Catalog] | None = None
 def _load_catalog() -> Catalog:
     models = {
         m.name: ModelInfo(m.name, m.tokenizer_path or None, m.max_model_len,
-                          int(m.created_at.timestamp()))
+                          int(m.created_at.timestamp()), m.tool_call_parser, m.task)
         for m in ServedModel.objects.all()
     }
     pools = tuple(
         PoolInfo(p.name, p.region, p.dedicated_to_id, models[p.model.name], p.max_sequences,
+                 p.backend, str((p.backend_settings or {}).get("dialect") or "vllm"),
                  _adapters(p))
         for p in Pool.objects.filter(enabled=True).select_related("model")
     )

@@ -2,8 +2,10 @@
 
 Parsing is strict on purpose: a field with the wrong type, a value out of range or a parameter
 we do not implement is refused before anything is charged, rather than silently ignored (a
-client asking for ``n=3`` or ``tools`` must learn it did not get them). Fields sent as ``null``
-mean "not given", as in OpenAI's API.
+client asking for ``audio`` must learn it did not get it). Fields sent as ``null`` mean "not
+given", as in OpenAI's API. Whether the chosen backend can honour a parameter is checked after
+routing (``gateway.inference.capabilities``); tools and response formats are checked here
+(``gateway.inference.tools``).
 """
 
 from __future__ import annotations
@@ -18,37 +20,52 @@ from gateway.inference.errors import (
     unknown_parameter,
     unsupported_value,
 )
+from gateway.inference.tools import (
+    ResponseFormat,
+    ToolChoice,
+    parse_response_format,
+    parse_tool_calls,
+    parse_tool_choice,
+    parse_tools,
+)
 
 # Largest value accepted for any token count before the tenant's own limits are applied, so a
 # number that could overflow a Redis counter or a C int never reaches the accounting scripts.
 MAX_TOKENS_CEILING = 2**31 - 1
 MAX_STOP_SEQUENCES = 4
-ROLES = frozenset({"system", "developer", "user", "assistant"})
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_N = 16  # choices per request (each is a sequence on the engine)
+MAX_TOP_LOGPROBS = 20  # chat; legacy completions allow 5, as OpenAI's API does
+MAX_COMPLETION_LOGPROBS = 5
+MAX_LOGIT_BIAS = 300  # entries
 
 # Parameters OpenAI defines that we refuse rather than ignore (clients would get wrong results).
 UNSUPPORTED = frozenset({
-    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-    "response_format", "top_logprobs", "logit_bias", "audio", "modalities", "prediction",
+    "functions", "function_call", "audio", "modalities", "prediction",
     "reasoning_effort", "web_search_options", "echo", "best_of", "suffix",
 })
-# Parameters accepted only at their neutral value (the official client never sends them unset).
-NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False}
 COMMON = frozenset({
     "model", "max_tokens", "temperature", "top_p", "stop", "seed", "user", "stream",
-    "stream_options", "n", "metadata", "store", "service_tier", "ignore_eos", *NEUTRAL,
+    "stream_options", "n", "metadata", "store", "service_tier", "ignore_eos",
+    "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
+    # vLLM's extensions (the official client sends them with ``extra_body``).
+    "repetition_penalty", "min_tokens",
 })
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
-COMPLETION_FIELDS = COMMON | {"prompt"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
+                        "parallel_tool_calls", "response_format", "top_logprobs"}
+COMPLETION_FIELDS = COMMON | {"prompt", "response_format"}
 
 Kind = Literal["chat", "completion"]
+NO_TOOLS = ToolChoice("none")
 
 
 @dataclass(frozen=True)
 class InferenceRequest:
     kind: Kind
     model: str
-    # Chat: the messages as plain {"role", "content"} dicts for the chat template.
-    messages: tuple[dict[str, str], ...] = ()
+    # Chat: the messages as dicts for the chat template ({"role", "content"}, and for tool
+    # calls "tool_calls" with parsed arguments, "tool_call_id"; as vLLM passes them).
+    messages: tuple[dict[str, Any], ...] = ()
     # Completions: text, or token ids the client tokenized itself.
     prompt: str | tuple[int, ...] = ""
     max_tokens: int | None = None
@@ -62,6 +79,25 @@ class InferenceRequest:
     # vLLM's extension (sent with the official client's ``extra_body``): generate max_tokens
     # tokens even past end-of-sequence. Benchmarks use it to get streams of a known length.
     ignore_eos: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    # None: no logprobs. Chat: top_logprobs (0-20) when logprobs is true; completions: 0-5.
+    logprobs: int | None = None
+    # Chat: function tools in OpenAI's shape (what the chat template renders), and the choice.
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: ToolChoice = NO_TOOLS
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+
+    @property
+    def text_size(self) -> int:
+        """Characters of prompt text, messages and tools (what tokenizing costs)."""
+        size = sum(len(str(m.get("content") or "")) for m in self.messages) + len(self.prompt)
+        return size + sum(len(json.dumps(t)) for t in self.tools)
 
 
 def parse(body: bytes, kind: Kind) -> InferenceRequest:
@@ -73,6 +109,7 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
     fields = {k: v for k, v in data.items() if v is not None}
     _refuse_unknown(fields, allowed)
     stream = _bool(fields, "stream", False)
+    tools = parse_tools(fields.get("tools")) if kind == "chat" else ()
     return InferenceRequest(
         kind=kind,
         model=_model(fields),
@@ -87,7 +124,49 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         stream=stream,
         include_usage=_include_usage(fields, stream),
         ignore_eos=_bool(fields, "ignore_eos", False),
+        n=int(_int(fields, "n", 1, 1, MAX_N) or 1),
+        presence_penalty=_number(fields, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(fields, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=_number(fields, "repetition_penalty", 1.0, 0.01, 10.0),
+        logit_bias=_logit_bias(fields),
+        min_tokens=int(_int(fields, "min_tokens", 0, 0, MAX_TOKENS_CEILING) or 0),
+        logprobs=_logprobs(fields, kind),
+        tools=tools,
+        tool_choice=parse_tool_choice(fields.get("tool_choice"), tools),
+        parallel_tool_calls=_bool(fields, "parallel_tool_calls", True),
+        response_format=parse_response_format(fields.get("response_format")),
     )
+
+
+def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    bias = fields.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise _type_error("logit_bias", f"an object of at most {MAX_LOGIT_BIAS} token ids")
+    out = []
+    for token, value in bias.items():
+        if not str(token).isdigit() or int(token) >= 2**31:
+            raise invalid_request(f"Invalid key in 'logit_bias': {str(token)[:40]!r} is not a "
+                                  "token id.", param="logit_bias", code="invalid_value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not -100 <= value <= 100:
+            raise invalid_request(f"Invalid value in 'logit_bias' for token {token}: expected "
+                                  "a number from -100 to 100.", param="logit_bias",
+                                  code="invalid_value")
+        out.append((int(token), float(value)))
+    return tuple(sorted(out))
+
+
+def _logprobs(fields: dict[str, Any], kind: Kind) -> int | None:
+    if kind == "completion":
+        return _int(fields, "logprobs", None, 0, MAX_COMPLETION_LOGPROBS)
+    wanted = _bool(fields, "logprobs", False)
+    top = _int(fields, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise invalid_request("'top_logprobs' requires 'logprobs' to be true.",
+                              param="top_logprobs", code="invalid_value")
+    return (top or 0) if wanted else None
 
 
 def load_json_object(body: bytes) -> dict[str, Any]:
@@ -125,13 +204,6 @@ def _refuse_unknown(fields: dict[str, Any], allowed: frozenset[str]) -> None:
             )
         if name not in allowed:
             raise unknown_parameter(name)
-    for name, neutral in NEUTRAL.items():
-        if name in fields and (fields[name] != neutral or isinstance(fields[name], bool)
-                               is not isinstance(neutral, bool)):
-            raise unsupported_value(name, f"Only {name}={json.dumps(neutral)} is supported.")
-    n = fields.get("n", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or n != 1:
-        raise unsupported_value("n", "Only n=1 is supported: send one request per completion.")
 
 
 def _model(fields: dict[str, Any]) -> str:
@@ -144,7 +216,7 @@ def _model(fields: dict[str, Any]) -> str:
     return model
 
 
-def _messages(fields: dict[str, Any]) -> tuple[dict[str, str], ...]:
+def _messages(fields: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     messages = fields.get("messages")
     if messages is None:
         raise invalid_request("Missing required parameter: 'messages'.", param="messages",
@@ -154,25 +226,49 @@ def _messages(fields: dict[str, Any]) -> tuple[dict[str, str], ...]:
     return tuple(_message(i, m) for i, m in enumerate(messages))
 
 
-def _message(i: int, message: Any) -> dict[str, str]:
+MESSAGE_FIELDS = {
+    "system": {"role", "content", "name"},
+    "developer": {"role", "content", "name"},
+    "user": {"role", "content", "name"},
+    "assistant": {"role", "content", "name", "tool_calls", "refusal"},
+    "tool": {"role", "content", "tool_call_id", "name"},
+}
+
+
+def _message(i: int, message: Any) -> dict[str, Any]:
     param = f"messages[{i}]"
     if not isinstance(message, dict):
         raise _type_error(param, "an object")
+    message = {k: v for k, v in message.items() if v is not None}
     role = message.get("role")
-    if role == "tool" or "tool_calls" in message or "function_call" in message:
-        raise ApiError(400, "Tool messages and tool calls are not supported by this server.",
-                       param=f"{param}.role", code="unsupported_parameter")
+    if "function_call" in message:
+        raise ApiError(400, "The deprecated 'function_call' is not supported; use 'tool_calls'.",
+                       param=f"{param}.function_call", code="unsupported_parameter")
     if role not in ROLES:
         raise invalid_request(
             f"Invalid value for '{param}.role': expected one of {', '.join(sorted(ROLES))}.",
             param=f"{param}.role", code="invalid_value",
         )
-    extra = set(message) - {"role", "content", "name"}
+    extra = set(message) - MESSAGE_FIELDS[role]
     if extra:
         raise unknown_parameter(f"{param}.{sorted(extra)[0]}")
-    out = {"role": role, "content": _content(param, message.get("content"))}
+    calls = parse_tool_calls(f"{param}.tool_calls", message.get("tool_calls"))
+    content = message.get("content")
+    if content is None and not calls:
+        raise invalid_request(f"Missing required parameter: '{param}.content'.",
+                              param=f"{param}.content", code="missing_required_parameter")
+    out: dict[str, Any] = {"role": role,
+                           "content": "" if content is None else _content(param, content)}
     if message.get("name") is not None:
         out["name"] = _checked_text(f"{param}.name", message["name"])
+    if calls:
+        out["tool_calls"] = calls
+    if role == "tool":
+        if "tool_call_id" not in message:
+            raise invalid_request(f"Missing required parameter: '{param}.tool_call_id'.",
+                                  param=f"{param}.tool_call_id",
+                                  code="missing_required_parameter")
+        out["tool_call_id"] = _checked_text(f"{param}.tool_call_id", message["tool_call_id"])
     return out
 
 

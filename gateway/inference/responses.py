@@ -62,6 +62,20 @@ def completion_body(
     }
 
 
+def choices_body(kind: Kind, request_id: str, created: int, model: str,
+                 choices: list[dict[str, object]], usage: UsageCounts) -> dict[str, object]:
+    """A whole response with choices an ``Assembler`` built (tools, n > 1, logprobs)."""
+    return {
+        "id": response_id(kind, request_id),
+        "object": "chat.completion" if kind == "chat" else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage.as_dict(),
+        "system_fingerprint": None,
+    }
+
+
 class ChunkTemplate:
     """Stream chunks for one request; ``delta(text)`` costs one C-level escape and a join."""
 
@@ -86,6 +100,11 @@ class ChunkTemplate:
     def delta(self, text: str) -> bytes:
         # What json.dumps(text) returns, without its argument handling (once per token).
         return b"%s%s%s" % (self._text_prefix, _escape(text).encode(), self._text_suffix)
+
+    def choice(self, choice: dict[str, object]) -> bytes:
+        """A chunk with one choice object built elsewhere (``choices.Assembler``)."""
+        body = json.dumps(choice, separators=(",", ":")).encode()
+        return self._head + b',"choices":[' + body + b"]" + self._tail
 
     def role(self) -> bytes:
         """The chat stream's first chunk: the assistant role with empty content, as OpenAI does."""

@@ -19,8 +19,17 @@ from serving.wire import FinishReason, SamplingParams
 
 __all__ = [
     "Engine", "EngineError", "EngineLoad", "EngineRequest", "FinishReason", "SamplingParams",
-    "TokenDelta", "Tokenizer", "Usage",
+    "TokenDelta", "TokenLogprob", "Tokenizer", "Usage",
 ]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability and the top alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,8 @@ class TokenDelta:
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    # One per token id, when the request asked for logprobs.
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,15 @@ class Engine(abc.ABC):
                 if delta.finish_reason is not None:
                     return delta
         return None
+
+    async def embed(self, request_id: str, prompts: list[list[int]],
+                    dimensions: int | None = None) -> list[list[float]]:
+        """One embedding vector per prompt (an embedding model's pooled output).
+
+        ``dimensions`` shortens the vectors where the model supports it. Engines that serve
+        no embedding model keep this default. Cancelling the caller abandons the request.
+        """
+        raise EngineError("this engine does not serve embeddings", retryable=False)
 
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:

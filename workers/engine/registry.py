@@ -32,7 +32,7 @@ SIM_KEYS: dict[str, Any] = {
     "decode_tokens_per_s": NUM, "pool_tokens_per_s": (*NUM, type(None)),
     "prefill_tokens_per_s": NUM, "prefill_chunk_tokens": int, "step_overhead_s": NUM,
     "block_size": int, "seed": int, "enable_prefix_caching": bool, "kv_watermark": NUM,
-    "fail_request_ids": list, "faults": list,
+    "fail_request_ids": list, "faults": list, "embedding_dim": int,
 }
 VLLM_KEYS: dict[str, Any] = {
     "model": str, "tokenizer_path": str, "gpu_memory_utilization": NUM,

@@ -13,6 +13,11 @@ It runs no model, but it schedules like one (vLLM v1 is the reference):
   engine's clock: real time for serving, virtual time (``clock.VirtualClock``) for simulations.
 - Output tokens are real ids of the model's tokenizer, drawn from a bigram model of the repo's
   corpus and deterministic for (seed, prompt), so the text that streams back is words.
+- Sampling parameters act on the bigram distribution as they act on a model's logits:
+  presence, frequency and repetition penalties, ``logit_bias``, ``min_tokens`` (end-of-sequence
+  masked until then), temperature; ``logprobs`` reports the distribution the token was drawn
+  from. Structured outputs (``json_schema``/``json_object``) emit a schema-valid document drawn
+  for the request (``workers.engine.guided``), token by token, then end-of-sequence.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
+import math
 import random
+import re
 from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -38,9 +46,11 @@ from workers.engine.base import (
     EngineRequest,
     FinishReason,
     TokenDelta,
+    TokenLogprob,
     Usage,
 )
 from workers.engine.clock import Clock, RealClock
+from workers.engine.guided import sample_json
 from workers.engine.kv_cache import BlockManager, BlockTable, ModelGeometry
 from workers.tokenization import HFTokenizer, IncrementalDetokenizer, load_tokenizer
 
@@ -96,6 +106,7 @@ class SimConfig:
     max_model_len: int = 8192
     seed: int = 0
     model_dir: str | None = None
+    embedding_dim: int = 384  # width of the simulated embedding vectors
     fail_request_ids: frozenset[str] = frozenset()
     faults: Callable[[EngineRequest], Fault | None] | None = None
 
@@ -147,6 +158,49 @@ def markov_model(tokenizer: HFTokenizer) -> MarkovModel:
     return MarkovModel(tuple(tuple(s) for s in succ), greedy, tuple(starts))
 
 
+@lru_cache(maxsize=1)
+def corpus_words() -> tuple[str, ...]:
+    """Distinct plain words of the corpus: string content for structured outputs."""
+    text = CORPUS.read_text(encoding="utf-8")
+    return tuple(sorted({w.lower() for w in re.findall(r"[A-Za-z]{3,12}", text)}))
+
+
+# Logit of a token the bigram model never saw after the current one (before any bias).
+UNSEEN_LOGIT = -12.0
+
+
+def _distribution(m: MarkovModel, last: int) -> dict[int, float]:
+    """log P(next | last) under the bigram model, as a model's log-softmaxed logits."""
+    succ = m.successors[last] or m.starts
+    counts: dict[int, int] = {}
+    for tok in succ:
+        counts[tok] = counts.get(tok, 0) + 1
+    total = len(succ)
+    return {tok: math.log(c / total) for tok, c in counts.items()}
+
+
+def _log_softmax(logits: dict[int, float]) -> dict[int, float]:
+    top = max(logits.values())
+    norm = top + math.log(sum(math.exp(v - top) for v in logits.values()))
+    return {t: v - norm for t, v in logits.items()}
+
+
+@lru_cache(maxsize=65536)
+def _token_vector(token_id: int, width: int) -> tuple[float, ...]:
+    rng = random.Random(token_id * 7919 + width)
+    return tuple(rng.gauss(0.0, 1.0) for _ in range(width))
+
+
+def _embedding(ids: list[int], width: int, keep: int) -> list[float]:
+    total = [0.0] * keep
+    for tok in ids:
+        vec = _token_vector(tok, width)
+        for j in range(keep):
+            total[j] += vec[j]
+    norm = math.sqrt(sum(v * v for v in total)) or 1.0
+    return [v / norm for v in total]
+
+
 def _seed_for(seed: int, prompt: list[int]) -> int:
     # Stable across processes (unlike hash()): the same (seed, prompt) gives the same output.
     data = array("q", [seed % 2**63, *prompt]).tobytes()
@@ -163,6 +217,7 @@ class _Seq:
         "detok",
         "fault",
         "finish_len",
+        "forced",
         "last",
         "n_out",
         "num_computed",
@@ -171,6 +226,7 @@ class _Seq:
         "req",
         "result",
         "rng",
+        "sampler",
         "sent",
         "sink",
         "status",
@@ -211,6 +267,12 @@ class _Seq:
         self.rng: Callable[[], float] | None = None
         self.detok: IncrementalDetokenizer | None = None
         self.finish_len = 0
+        # Structured outputs: the document's token ids still to emit (None: unconstrained).
+        self.forced: deque[int] | None = None
+        # True when sampling needs the full distribution (penalties, bias, logprobs...).
+        self.sampler = bool(sp.presence_penalty or sp.frequency_penalty or sp.logit_bias
+                            or sp.repetition_penalty != 1.0 or sp.min_tokens
+                            or sp.logprobs is not None)
 
     def usage(self) -> Usage:
         return Usage(self.prompt_len, max(self.cached, 0), self.n_out)
@@ -305,6 +367,24 @@ class SimulatedEngine(Engine):
             if self._wake is not None:
                 self._wake.set()  # freed blocks may let a waiter in
 
+    async def embed(self, request_id: str, prompts: list[list[int]],
+                    dimensions: int | None = None) -> list[list[float]]:
+        """Deterministic embeddings: the normalised sum of a fixed random vector per token, so
+        texts sharing tokens point the same way. ``dimensions`` keeps the leading components
+        and renormalises (as Matryoshka-trained models are shortened). Costs the prompts'
+        prefill time on the engine's clock."""
+        width = self.config.embedding_dim
+        if dimensions is not None and not 1 <= dimensions <= width:
+            raise EngineError(f"dimensions must be between 1 and {width} for this model",
+                              retryable=False)
+        for ids in prompts:
+            if not ids or min(ids) < 0 or max(ids) >= self._tok.vocab_size:
+                raise EngineError("prompt has token ids outside the vocabulary",
+                                  retryable=False)
+        tokens = sum(len(p) for p in prompts)
+        await self.clock.sleep(tokens / self.config.prefill_tokens_per_s)
+        return [_embedding(ids, width, dimensions or width) for ids in prompts]
+
     def load(self) -> EngineLoad:
         bm = self.blocks
         return EngineLoad(
@@ -341,6 +421,8 @@ class SimulatedEngine(Engine):
         seed = req.sampling.seed if req.sampling.seed is not None else self.config.seed
         if req.sampling.temperature > 0:
             seq.rng = random.Random(_seed_for(seed, req.prompt_token_ids)).random
+        if req.sampling.constrained:
+            seq.forced = self._document(req, seed)
         seq.detok = self._tok.detokenizer()
         seq.finish_len = min(seq.prompt_len + req.sampling.max_tokens, self.config.max_model_len)
         self._seqs[req.request_id] = seq
@@ -348,6 +430,18 @@ class SimulatedEngine(Engine):
         self._n_waiting += 1
         self._wake.set()
         return seq
+
+    def _document(self, req: EngineRequest, seed: int) -> deque[int]:
+        """The token ids of a schema-valid document for this request (see the module doc)."""
+        sp = req.sampling
+        schema = json.loads(sp.json_schema) if sp.json_schema is not None else None
+        rng = random.Random(_seed_for(seed + 1, req.prompt_token_ids))
+        try:
+            text = sample_json(schema, rng, list(corpus_words()))
+        except (ValueError, RecursionError) as exc:
+            raise EngineError(f"cannot decode to this JSON schema: {exc}",
+                              retryable=False) from None
+        return deque(self._tok.encode(text))
 
     def _validate(self, req: EngineRequest) -> None:
         ids, cfg = req.prompt_token_ids, self.config
@@ -499,13 +593,21 @@ class SimulatedEngine(Engine):
         if seq.fault is not None and seq.n_out >= seq.fault.after_tokens and self._inject(seq):
             return True
         m = self._markov
-        succ = m.successors[seq.last]
-        if seq.rng is None:
-            tok = m.greedy[seq.last]
-        elif succ:
-            tok = succ[int(seq.rng() * len(succ))]
+        logprobs: tuple[TokenLogprob, ...] | None = None
+        if seq.forced is not None:
+            tok = self._forced_next(seq)
+            if seq.req.sampling.logprobs is not None:  # forced: the only allowed token
+                logprobs = (TokenLogprob(tok, 0.0, ((tok, 0.0),)[: seq.req.sampling.logprobs]),)
+        elif seq.sampler:
+            tok, logprobs = self._sample(seq)
         else:
-            tok = m.starts[int(seq.rng() * len(m.starts))]
+            succ = m.successors[seq.last]
+            if seq.rng is None:
+                tok = m.greedy[seq.last]
+            elif succ:
+                tok = succ[int(seq.rng() * len(succ))]
+            else:
+                tok = m.starts[int(seq.rng() * len(m.starts))]
         seq.last = tok
         fault = seq.fault
         if fault is not None and fault.kind == "invalid_tokens" and seq.n_out >= fault.after_tokens:
@@ -525,10 +627,67 @@ class SimulatedEngine(Engine):
         if reason is None and seq.prompt_len + seq.n_out >= seq.finish_len:
             reason = FinishReason.LENGTH
         if reason is None:
-            self._push(seq, TokenDelta([tok], text))
+            self._push(seq, TokenDelta([tok], text, logprobs=logprobs))
             return False
-        self._finish(seq, reason, [tok], text, stop_hit=hit)
+        self._finish(seq, reason, [tok], text, stop_hit=hit, logprobs=logprobs)
         return True
+
+    def _forced_next(self, seq: _Seq) -> int:
+        """Constrained decoding: the document's next token, then end-of-sequence."""
+        assert seq.forced is not None
+        if seq.forced:
+            return seq.forced.popleft()
+        eos = self._tok.eos_token_id
+        seq.stop_ids = seq.stop_ids | {eos} if eos is not None else seq.stop_ids
+        return eos if eos is not None else self._tok.encode(" ")[0]
+
+    def _sample(self, seq: _Seq) -> tuple[int, tuple[TokenLogprob, ...] | None]:
+        """Sample from the bigram distribution after penalties and bias, as vLLM's sampler does
+        on logits: repetition (prompt and output), frequency and presence (output), bias, and
+        no end-of-sequence before ``min_tokens``."""
+        sp = seq.req.sampling
+        logits = dict(_distribution(self._markov, seq.last))
+        for tok, bias in sp.logit_bias:
+            if 0 <= tok < self._tok.vocab_size:
+                logits[tok] = logits.get(tok, UNSEEN_LOGIT) + bias
+        if sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty:
+            output = seq.tokens[seq.prompt_len:]
+            counts: dict[int, int] = {}
+            for tok in output:
+                counts[tok] = counts.get(tok, 0) + 1
+            seen = set(seq.tokens) if sp.repetition_penalty != 1.0 else set()
+            for tok in logits:
+                if tok in seen:
+                    v = logits[tok]
+                    logits[tok] = v / sp.repetition_penalty if v > 0 else v * sp.repetition_penalty
+                c = counts.get(tok, 0)
+                if c:
+                    logits[tok] -= sp.frequency_penalty * c + sp.presence_penalty
+        if seq.n_out < sp.min_tokens:
+            for tok in seq.stop_ids:
+                logits.pop(tok, None)
+            if not logits:
+                logits = {t: 0.0 for t in self._markov.starts}
+        logp = _log_softmax(logits)
+        # Ties go to the token plain greedy decoding picks, so asking for logprobs alone never
+        # changes the output.
+        preferred = self._markov.greedy[seq.last]
+        ranked = sorted(logp.items(), key=lambda kv: (-kv[1], kv[0] != preferred, kv[0]))
+        if seq.rng is None or sp.temperature <= 0:
+            tok = ranked[0][0]
+        else:
+            weights = [math.exp((v - ranked[0][1]) / sp.temperature) for _, v in ranked]
+            pick = seq.rng() * sum(weights)
+            tok = ranked[-1][0]
+            for (cand, _), w in zip(ranked, weights, strict=True):
+                pick -= w
+                if pick <= 0:
+                    tok = cand
+                    break
+        if sp.logprobs is None:
+            return tok, None
+        top = tuple(ranked[: sp.logprobs])
+        return tok, (TokenLogprob(tok, logp[tok], top),)
 
     def _stop_strings(self, seq: _Seq, text: str) -> tuple[str, bool]:
         """Find stop strings in the output; hold back text that could be the start of one."""
@@ -611,6 +770,7 @@ class SimulatedEngine(Engine):
         token_ids: list[int] | None = None,
         text: str = "",
         stop_hit: bool = False,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
     ) -> None:
         if seq.status == FINISHED:
             return
@@ -621,7 +781,8 @@ class SimulatedEngine(Engine):
                 seq.text += tail
                 tail = seq.text[seq.sent :]
             text += tail
-        self._push(seq, TokenDelta(token_ids or [], text, reason, seq.usage()))
+        self._push(seq, TokenDelta(token_ids or [], text, reason, seq.usage(),
+                                   logprobs=logprobs if token_ids else None))
 
     def _fail(self, seq: _Seq, error: EngineError) -> None:
         if seq.status == FINISHED:

@@ -162,6 +162,23 @@ def build_body(
             body["stop_token_ids"] = list(sp.stop_token_ids)
         if sp.ignore_eos:
             body["ignore_eos"] = True
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(sp, name):
+            body[name] = getattr(sp, name)
+    if sp.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in sp.logit_bias}
+    if s.vllm_sampling:
+        if sp.repetition_penalty != 1.0:
+            body["repetition_penalty"] = sp.repetition_penalty
+        if sp.min_tokens:
+            body["min_tokens"] = sp.min_tokens
+        if not sp.skip_special_tokens:
+            body["skip_special_tokens"] = False
+        # Constrained decoding passes through as vLLM's structured outputs.
+        if sp.json_schema is not None:
+            body["structured_outputs"] = {"json": json.loads(sp.json_schema)}
+        elif sp.json_object:
+            body["structured_outputs"] = {"json_object": True}
     if s.send_priority:
         body["priority"] = request.priority
     body.update(s.extra_body)
@@ -364,6 +381,33 @@ class UpstreamEngine(Engine):
         log.exception("upstream relay failed")
         return EngineError(f"bad upstream response: {type(exc).__name__}: {exc}",
                            retryable=True, usage=usage)
+
+    async def embed(self, request_id: str, prompts: list[list[int]],
+                    dimensions: int | None = None) -> list[list[float]]:
+        """Pass-through to the upstream's ``/v1/embeddings`` (token ids for the vllm dialect,
+        text otherwise), vectors as floats."""
+        if self._client is None:
+            raise EngineError("the upstream engine is not started", retryable=True)
+        s = self.settings
+        inputs: list[Any] = [list(p) if s.prompt_format == "token_ids"
+                             else self._tok.decode(list(p)) for p in prompts]
+        body: dict[str, Any] = {"model": s.model, "input": inputs, "encoding_format": "float"}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        base = s.base_url.rstrip("/")
+        url = f"{base}/embeddings" if base.endswith("/v1") else f"{base}/v1/embeddings"
+        try:
+            async with asyncio.timeout(s.first_byte_timeout_s):
+                response = await self._client.post(url, json=body)
+            if response.status_code != 200:
+                raise UpstreamHTTPError(response.status_code, response.text[:500])
+            data = sorted(response.json()["data"], key=lambda d: d["index"])
+            return [[float(x) for x in d["embedding"]] for d in data]
+        except UpstreamHTTPError as exc:
+            raise EngineError(str(exc)[:500], retryable=retryable_status(exc.status)) from None
+        except (TimeoutError, httpx.HTTPError, OSError, KeyError, ValueError) as exc:
+            raise EngineError(f"upstream embeddings failed: {type(exc).__name__}",
+                              retryable=True) from None
 
     async def abort(self, request_id: str) -> None:
         await self._streams.abort(request_id)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -43,7 +44,9 @@ from workers.engine.base import (
     EngineLoad,
     EngineRequest,
     FinishReason,
+    SamplingParams,
     TokenDelta,
+    TokenLogprob,
     Usage,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
@@ -163,9 +166,22 @@ def build_generate_call(
         "stop": list(sp.stop),
         "stop_token_ids": list(sp.stop_token_ids),
         "ignore_eos": sp.ignore_eos,
-        "skip_special_tokens": True,
+        "skip_special_tokens": sp.skip_special_tokens,
         "detokenize": True,
     }
+    # The rest only when set, so a plain request's parameters stay vLLM's defaults.
+    neutral = SamplingParams(max_tokens=sp.max_tokens)
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens"):
+        if getattr(sp, name) != getattr(neutral, name):
+            sampling[name] = getattr(sp, name)
+    if sp.logit_bias:
+        sampling["logit_bias"] = dict(sp.logit_bias)
+    if sp.logprobs is not None:
+        sampling["logprobs"] = sp.logprobs
+    if sp.json_schema is not None:
+        sampling["structured_outputs"] = {"json": json.loads(sp.json_schema)}
+    elif sp.json_object:
+        sampling["structured_outputs"] = {"json_object": True}
     lora = None
     if request.adapter:
         if not settings.enable_lora:
@@ -186,9 +202,36 @@ def to_vllm(call: GenerateCall) -> tuple[Any, Any, Any]:
     from vllm.lora.request import LoRARequest
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-    params = SamplingParams(**call.sampling, output_kind=RequestOutputKind.DELTA)
+    kwargs = dict(call.sampling)
+    structured = kwargs.pop("structured_outputs", None)
+    if structured is not None:
+        try:  # vLLM >= 0.10.2 names it structured outputs; before, guided decoding
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
+        except ImportError:
+            from vllm.sampling_params import GuidedDecodingParams
+
+            kwargs["guided_decoding"] = GuidedDecodingParams(**structured)
+    params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
     lora = LoRARequest(**call.lora) if call.lora else None
     return TokensPrompt(**call.prompt), params, lora
+
+
+def token_logprobs(token_ids: Any, logprobs: Any, k: int | None
+                   ) -> tuple[TokenLogprob, ...] | None:
+    """vLLM's per-token {id: Logprob(logprob, rank)} dicts -> ours (the sampled token and the
+    top k by rank)."""
+    if k is None or not logprobs:
+        return None
+    out = []
+    for tid, ranked in zip(token_ids, logprobs, strict=False):
+        chosen = ranked.get(tid)
+        top = sorted(((t, lp) for t, lp in ranked.items() if (lp.rank or 0) <= k and lp.rank),
+                     key=lambda item: item[1].rank)
+        out.append(TokenLogprob(int(tid), float(chosen.logprob) if chosen else 0.0,
+                                tuple((int(t), float(lp.logprob)) for t, lp in top[:k])))
+    return tuple(out)
 
 
 class LoadSink:
@@ -343,7 +386,10 @@ class VLLMEngine(Engine):
                     if reason is None:
                         raise RuntimeError(f"finish reason {comp.finish_reason!r}")
                 usage = Usage(n_prompt, cached, n_out) if reason else None
-                stream.queue.put_nowait(TokenDelta(list(comp.token_ids), comp.text, reason, usage))
+                stream.queue.put_nowait(TokenDelta(
+                    list(comp.token_ids), comp.text, reason, usage,
+                    logprobs=token_logprobs(comp.token_ids, getattr(comp, "logprobs", None),
+                                            call.sampling.get("logprobs"))))
                 if reason:
                     return
             raise RuntimeError("vLLM ended the stream without a finish reason")
@@ -356,6 +402,34 @@ class VLLMEngine(Engine):
             stream.queue.put_nowait(map_error(exc, Usage(n_prompt, cached, n_out)))
         finally:
             stream.done = True
+
+    async def embed(self, request_id: str, prompts: list[list[int]],
+                    dimensions: int | None = None) -> list[list[float]]:
+        """An embedding model's pooled vectors (vLLM's pooling runner: ``encode``)."""
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not running", retryable=True)
+        from vllm.inputs import TokensPrompt
+        from vllm.pooling_params import PoolingParams
+
+        def params() -> Any:
+            try:
+                return PoolingParams(task="embed", dimensions=dimensions)
+            except TypeError:  # versions before pooling tasks
+                return PoolingParams(dimensions=dimensions)
+
+        async def one(k: int, ids: list[int]) -> list[float]:
+            last = None
+            async for out in self._llm.encode(TokensPrompt(prompt_token_ids=ids), params(),
+                                              f"{request_id}.{k}"):
+                last = out
+            if last is None:
+                raise RuntimeError("vLLM returned no embedding")
+            return [float(x) for x in last.outputs.data.tolist()]
+
+        try:
+            return list(await asyncio.gather(*(one(k, p) for k, p in enumerate(prompts))))
+        except Exception as exc:
+            raise map_error(exc, None) from None
 
     async def abort(self, request_id: str) -> None:
         await self._streams.abort(request_id)
