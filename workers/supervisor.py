@@ -1,4 +1,4 @@
-"""A small process supervisor: what ``manage.py serve`` runs its children under (ADR 0008).
+"""A small process supervisor: what ``manage.py serve`` runs its children under (ADR 0012).
 
 Each child runs in its own session (its own process group), so that
 

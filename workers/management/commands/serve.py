@@ -12,7 +12,7 @@ retried, while the rest keep serving. Only Ctrl-C or SIGTERM stops everything, i
 the pool workers drain (at most ``WORKER_DRAIN_SECONDS``), then the gateways end the streams
 still open with a retryable error (at most ``GATEWAY_SHUTDOWN_SECONDS``), then beat and the
 housekeeper, then Redis. A second Ctrl-C kills what is left at once. Why a supervisor of our own
-and this order: docs/adr/0008-serve-supervisor.md.
+and this order: docs/adr/0012-serve-supervisor.md.
 Spend-alert webhooks run on their own Celery worker (queue ``webhooks``, threads), so a slow
 receiver never holds the pool workers or the housekeeping tasks.
 """
