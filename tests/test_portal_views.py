@@ -223,8 +223,11 @@ def test_alerts_and_tokens_pages_create_things(client, world):
                                            "threshold": "50", "api_key": ""})
     assert SpendAlert.objects.get().tenant == world.tenant
     response = client.post(reverse("portal:tokens"), {"name": "ci", "role": "billing",
-                                                      "expires_in_days": 30})
+                                                      "expires_in_days": 30}, follow=True)
     assert "only time it is shown" in response.content.decode()
+    # POST-redirect-GET: a reload shows nothing and mints nothing.
+    again = client.get(reverse("portal:token_created"), follow=True).content.decode()
+    assert "shown once" in again and "only time it is shown" not in again
     token = ManagementToken.objects.get()
     assert token.role == "billing" and token.created_by == world.users["owner"]
     assert timedelta(days=29) < token.expires_at - timezone.now() <= timedelta(days=30)

@@ -58,5 +58,6 @@ urlpatterns = [
     path("members/<int:pk>/", members.member_change, name="member_change"),
     path("invitations/<int:pk>/revoke/", members.invitation_revoke, name="invitation_revoke"),
     path("tokens/", tokens.tokens_page, name="tokens"),
+    path("tokens/created/", tokens.token_created, name="token_created"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke, name="token_revoke"),
 ]

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 
 from gateway.portal.forms import TokenForm
 from gateway.portal.tenancy import TenantRequest, tenant_view
-from gateway.portal.views.base import page, secret_page
+from gateway.portal.views.base import page, secret_page, secret_redirect, take_secret
 from tenants.management_tokens import issue_token
 from tenants.models import ManagementToken
 
@@ -27,13 +27,26 @@ def tokens_page(request: TenantRequest) -> HttpResponse:
             tenant, form.cleaned_data["name"], form.cleaned_data["role"],
             created_by=request.user, expires_at=timezone.now() + timedelta(days=days),
         )
-        return secret_page(request, "portal/token_created.html",
-                           {"token": token, "plaintext": plaintext})
+        return secret_redirect(request, "portal:token_created",
+                               {"token_id": token.pk, "plaintext": plaintext})
     tokens = ManagementToken.objects.filter(tenant=tenant).select_related("created_by")
     usable = set(ManagementToken.objects.filter(tenant=tenant).usable().values_list("pk",
                                                                                    flat=True))
     return page(request, "portal/tokens.html", {"form": form, "tokens": tokens,
                                                 "usable": usable, "now": timezone.now()})
+
+
+@tenant_view("tokens")
+def token_created(request: TenantRequest) -> HttpResponse:
+    """The one GET that shows a new token; a reload finds the session empty and says so."""
+    parked = take_secret(request) or {}
+    token = ManagementToken.objects.filter(tenant=request.tenant,
+                                           pk=parked.get("token_id")).first()
+    if token is None:
+        messages.info(request, "That token was shown once and is not shown again.")
+        return redirect("portal:tokens")
+    return secret_page(request, "portal/token_created.html",
+                       {"token": token, "plaintext": parked["plaintext"]})
 
 
 @tenant_view("tokens")
