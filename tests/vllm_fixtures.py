@@ -169,16 +169,22 @@ class VLLMServer:
     """``vllm serve`` in a subprocess with its log in a file."""
 
     def __init__(self, tiny: TinyModel, port: int, log: Path, *, max_num_seqs: int = MAX_SEQS,
+                 lora: bool = True, kv_bytes: int | None = KV_BYTES, eager: bool = True,
                  extra: list[str] | None = None) -> None:
         self.url, self.log = f"http://127.0.0.1:{port}", log
         args = [*SERVE, "--model", str(tiny.model), "--served-model-name", "tiny",
                 "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs),
-                "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                "--kv-cache-memory-bytes", str(KV_BYTES), "--scheduling-policy", "priority",
-                "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
-                "--lora-modules", f"t7-support={tiny.adapter(7, 'support')}",
-                "--disable-uvicorn-access-log", *(extra or [])]
+                "--enable-prefix-caching", "--enable-prompt-tokens-details",
+                "--scheduling-policy", "priority", "--disable-uvicorn-access-log",
+                *(extra or [])]
+        if eager:
+            args.append("--enforce-eager")
+        if kv_bytes is not None:  # a CPU host: the KV cache in bytes, not a memory fraction
+            args += ["--kv-cache-memory-bytes", str(kv_bytes)]
+        if lora:
+            args += ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
+                     "--lora-modules", f"t7-support={tiny.adapter(7, 'support')}"]
         self._out = log.open("wb")
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"},
