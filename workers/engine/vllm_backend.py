@@ -151,7 +151,6 @@ class VLLMSettings:
         args.update(self.engine_args)
         return args
 
-
     def cpu_kv_cache_bytes(self) -> int:
         """The pool's ``kv_cache_tokens`` in bytes of this model's KV cache (CPU hosts)."""
         per_token = kv_bytes_per_token(self.model, self.kv_cache_dtype, self.dtype)
