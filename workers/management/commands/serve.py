@@ -23,6 +23,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tenants.demo import try_it
 
 STARTUP_TIMEOUT_S = 60.0
+VLLM_STARTUP_TIMEOUT_S = 1800.0  # a vllm pool's worker loads the model first: minutes
 
 
 class Command(BaseCommand):
@@ -32,7 +33,10 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-beat", action="store_true", help="Do not start Celery beat.")
-        parser.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S)
+        parser.add_argument(
+            "--startup-timeout", type=float, default=None,
+            help=f"seconds to wait for the gateway and every pool worker (default "
+                 f"{STARTUP_TIMEOUT_S:g}, {VLLM_STARTUP_TIMEOUT_S:g} with a vllm pool enabled)")
         parser.add_argument(
             "--gateway-processes", type=int, default=1,
             help="uvicorn worker processes sharing the port; each relays its own streams with "
@@ -44,6 +48,9 @@ class Command(BaseCommand):
 
         env = {**os.environ, "REDIS_URL": redis_url(), "PYTHONUNBUFFERED": "1"}
         pools = list(Pool.objects.filter(enabled=True).values_list("name", flat=True))
+        if options["startup_timeout"] is None:
+            real = Pool.objects.filter(enabled=True, backend="vllm").exists()
+            options["startup_timeout"] = VLLM_STARTUP_TIMEOUT_S if real else STARTUP_TIMEOUT_S
         children = self._start(env, pools, options)
         stopping = {"signal": 0}
 
