@@ -52,6 +52,17 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a vLLM fixture may be the one that starts the engine (its setup counts
+    toward pytest-timeout): allow for a busy machine, where a start has taken minutes."""
+    for item in items:
+        uses = {"tiny_vllm", "vllm_engine", "vllm_server"} & set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)  # the conformance suite's backend parameter
+        backend = callspec.params.get("backend") if callspec is not None else None
+        if uses or backend in ("vllm", "upstream-vllm-serve"):
+            item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 300))
+
+
 @dataclass(frozen=True)
 class TinyModel:
     model: Path
