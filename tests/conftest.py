@@ -7,6 +7,9 @@ from typing import Any, TypedDict
 
 import pytest
 
+# Real vLLM (the tiny model, one engine and one `vllm serve` per run): tests/vllm_fixtures.py.
+pytest_plugins = ["tests.vllm_fixtures"]
+
 
 @pytest.fixture
 def redis_client(settings):

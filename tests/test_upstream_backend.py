@@ -1,8 +1,10 @@
 """The OpenAI-compatible upstream backend on its own: request bodies, counting, errors, timeouts.
 
-The upstream is faked with ``httpx.MockTransport`` (unit tests of this one module), or is the
+The upstream is faked with ``httpx.MockTransport`` (unit tests of this one module), is the
 vLLM-wire stand-in server (``tests/upstream_server.py``) called in-process through
-``httpx.ASGITransport``. The end-to-end contract against real server processes (including
+``httpx.ASGITransport``, or is ``vllm serve`` itself (the run's shared server,
+``tests/vllm_fixtures.py``): the body the ``vllm`` dialect sends, and the chunks vLLM answers
+with, checked on the wire. The engine contract against real server processes (vLLM's and
 llama.cpp's) is in ``test_engine_conformance.py``.
 """
 
@@ -344,6 +346,38 @@ def _vllm_completion_stream_response() -> Any:
             continue
     pytest.skip("vLLM is not importable here: the chunks were checked against the wire "
                 "format as documented, not against vLLM's own protocol classes")
+
+
+def test_vllm_serve_takes_the_vllm_dialects_body_and_answers_as_the_backend_expects(
+        vllm_server: Any) -> None:
+    """Token ids in, the tenant's salt honoured, ids back on every chunk, and a final usage
+    chunk with cached tokens: the parts of vLLM's wire format the dialect relies on."""
+    s = settings(base_url=vllm_server.url, model="tiny")
+    ids = TOK.encode("Fair queueing bounds who waits. " * 20)  # past one 128-token KV block
+    salt = f"wire-{time.monotonic_ns()}"
+
+    def chunks(salt: str) -> list[dict[str, Any]]:
+        body = build_body(req(max_tokens=7, ids=ids, salt=salt, ignore_eos=True), s, TOK, "tiny")
+        assert body["prompt"] == ids and body["cache_salt"] == salt
+        assert body["return_token_ids"] is True and body["stream_options"]["include_usage"]
+        with httpx.stream("POST", s.completions_url, json=body, timeout=60) as resp:
+            assert resp.status_code == 200, resp.read()
+            return [json.loads(line[5:]) for line in resp.iter_lines()
+                    if line.startswith("data:") and "[DONE]" not in line]
+
+    first, again, other = chunks(salt), chunks(salt), chunks(salt + "-other")
+    stream_response = _vllm_completion_stream_response()
+    for event in first:
+        stream_response.model_validate(event)
+    text = [c for c in first if c["choices"]]
+    streamed = [t for c in text for t in c["choices"][0]["token_ids"]]
+    assert len(streamed) == 7 and all(0 <= t < TOK.vocab_size for t in streamed)
+    assert text[-1]["choices"][0]["finish_reason"] == "length"
+    usage = first[-1]["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(ids), 7)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # same salt
+    assert other[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # another salt
 
 
 # -- registry --------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """The vLLM backend: request building (salt, adapters, priority), streaming, abort, load.
 
-vLLM cannot be installed on these machines (its wheel is a CUDA build pinning torch), so:
 - the pure translation ``EngineRequest -> generate() arguments`` is tested as data;
-- the engine's streaming, abort, error and load handling run against a fake ``AsyncLLM`` that
-  keeps vLLM's documented contract (DELTA outputs; cancelling the consumer aborts) - a unit
-  test of this one module;
-- the tests that build vLLM's own classes (``TokensPrompt``, ``SamplingParams``,
-  ``LoRARequest``, ``AsyncEngineArgs``, ``StatLoggerBase``) run where vLLM imports and are
-  skipped here, saying so.
+- failure paths that a real engine cannot be made to take on demand (an error mid-stream, a
+  tokenizer vLLM reports differently) run against a fake ``AsyncLLM`` that keeps vLLM's
+  contract (DELTA outputs; cancelling the consumer aborts): unit tests of this one module;
+- the rest runs against vLLM itself: its own classes, and the run's shared engine (vLLM's CPU
+  build serving the tiny model, ``tests/vllm_fixtures.py``) for load from the scheduler, the
+  adapter checks, the vocabulary check and CPU memory sizing. The shared contract (streaming,
+  abort, usage, salts, priority, adapters) is in ``test_engine_conformance.py``.
+
+Where vLLM is not installed the vLLM tests skip, saying how to install it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import asyncio
 import importlib.util
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.vllm_fixtures import MISSING
 from workers.engine.adapters import Adapter, AdapterCatalog
 from workers.engine.base import EngineError, EngineRequest, FinishReason, SamplingParams
 from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
@@ -38,13 +42,23 @@ VOCAB = TOK.vocab_size
 IDS = TOK.encode("Adapters are tenant data; prefix caches are scoped per tenant.")
 SIM_DIR = str(sim_model_dir())
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(
-    not HAS_VLLM, reason="vLLM is not installed (CUDA-only wheel): vLLM's own classes untested")
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason=MISSING)
 
 OWNER_SALT, OTHER_SALT = "salt-of-7", "salt-of-8"
 CATALOG = AdapterCatalog([Adapter("support", 7, "/loras/7/support"),
                           Adapter("support", 9, "/loras/9/support")],
                          salt_of=lambda t: f"salt-of-{t}")
+
+
+def adapter_dirs(root: Path) -> AdapterCatalog:
+    """CATALOG's adapters with their files present under ``root``."""
+    adapters = []
+    for a in CATALOG:
+        path = root / str(a.tenant_id) / a.name
+        path.mkdir(parents=True)
+        (path / "adapter_config.json").write_text("{}")
+        adapters.append(Adapter(a.name, a.tenant_id, str(path)))
+    return AdapterCatalog(adapters, salt_of=lambda t: f"salt-of-{t}")
 
 
 def vsettings(**kw: Any) -> VLLMSettings:
@@ -125,7 +139,7 @@ def test_prompts_that_cannot_run_are_final_errors(ids: list[int], why: str) -> N
 
 def test_priority_is_passed_only_under_the_priority_policy() -> None:
     assert build(req(priority=-3), scheduling_policy="priority").priority == -3
-    # vLLM rejects a non-zero priority under FCFS, so the WFQ order is not sent there.
+    # FCFS orders by arrival whatever the priority says; 0 states that plainly.
     assert build(req(priority=-3), scheduling_policy="fcfs").priority == 0
 
 
@@ -221,11 +235,12 @@ class FakeAsyncLLM:
         self.shut = True
 
 
-def engine_with(fake: FakeAsyncLLM, **kw: Any) -> VLLMEngine:
-    return VLLMEngine(vsettings(tokenizer_path=SIM_DIR, **kw), CATALOG,
+def engine_with(fake: FakeAsyncLLM, catalog: AdapterCatalog = CATALOG, **kw: Any) -> VLLMEngine:
+    return VLLMEngine(vsettings(tokenizer_path=SIM_DIR, **kw), catalog,
                       llm_factory=lambda settings, loggers: fake,
                       stat_factory=lambda sink: sink,
-                      converter=lambda call: (call.prompt, call.sampling, call.lora))
+                      converter=lambda call: (call.prompt, call.sampling, call.lora),
+                      lora_factory=lambda fields: fields)
 
 
 def run(engine: VLLMEngine, scenario: Any) -> Any:
@@ -239,13 +254,14 @@ def run(engine: VLLMEngine, scenario: Any) -> Any:
     return asyncio.run(main())
 
 
-def test_deltas_stream_and_usage_comes_from_vllms_outputs() -> None:
+def test_deltas_stream_and_usage_comes_from_vllms_outputs(tmp_path: Path) -> None:
     fake = FakeAsyncLLM(tokens=5, cached=16)
 
     async def scenario(e: VLLMEngine) -> list[Any]:
         return [d async for d in e.generate(req(adapter="support", priority=2))]
 
-    deltas = run(engine_with(fake, enable_lora=True, scheduling_policy="priority"), scenario)
+    deltas = run(engine_with(fake, adapter_dirs(tmp_path), enable_lora=True,
+                             scheduling_policy="priority"), scenario)
     assert [d.token_ids for d in deltas] == [[100], [101], [102], [103], [104]]
     assert all(d.finish_reason is None for d in deltas[:-1])
     last = deltas[-1]
@@ -447,3 +463,281 @@ def test_the_stat_logger_is_a_vllm_stat_logger_feeding_load() -> None:
     stats = SchedulerStats(num_running_reqs=4, num_waiting_reqs=1)
     logger.record(scheduler_stats=stats, iteration_stats=None)
     assert (sink.running, sink.waiting) == (4, 1)
+
+
+# -- CPU hosts: the KV cache in bytes, never a fraction of host memory ------------------------
+
+
+def _geometry(root: Path, vocab: int = VOCAB) -> str:
+    """A model directory with only a config.json (2 layers x 2 KV heads x 32, bf16)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(
+        '{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, '
+        f'"hidden_size": 128, "head_dim": 32, "torch_dtype": "bfloat16", "vocab_size": {vocab}}}')
+    return str(root)
+
+
+def test_on_a_cpu_host_the_kv_cache_is_sized_in_bytes(tmp_path: Path) -> None:
+    model = _geometry(tmp_path / "m")
+    gpu = vsettings(model=model, gpu_memory_utilization=0.9).async_engine_args()
+    assert gpu["gpu_memory_utilization"] == 0.9 and "kv_cache_memory_bytes" not in gpu
+    # On a CPU vLLM reads the fraction as one of host memory and refuses to start when that
+    # much is not free; it is not sent there, and the KV cache gets a size in bytes.
+    explicit = vsettings(model=model, gpu_memory_utilization=0.9,
+                         kv_cache_memory_bytes=64 << 20).async_engine_args(cpu=True)
+    assert "gpu_memory_utilization" not in explicit
+    assert explicit["kv_cache_memory_bytes"] == 64 << 20
+    # Without a size: the pool's KV budget in tokens times the model's KV bytes per token.
+    derived = vsettings(model=model, kv_cache_tokens=100_000).async_engine_args(cpu=True)
+    assert derived["kv_cache_memory_bytes"] == 100_000 * (2 * 2 * 2 * 32 * 2)
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
+        vsettings(model=str(tmp_path / "nowhere"), kv_cache_tokens=1000).async_engine_args(
+            cpu=True)
+
+
+def test_the_registry_passes_the_pools_kv_budget_and_byte_size(tmp_path: Path) -> None:
+    spec = EngineSpec("cpu-a", "vllm", {"kv_cache_memory_bytes": 32 << 20},
+                      kv_cache_tokens=5000, tokenizer_path=SIM_DIR,
+                      model_id=_geometry(tmp_path / "m"))
+    engine = build_engine(spec)
+    assert isinstance(engine, VLLMEngine)
+    assert engine.settings.kv_cache_tokens == 5000
+    assert engine.settings.async_engine_args(cpu=True)["kv_cache_memory_bytes"] == 32 << 20
+    with pytest.raises(EngineConfigError, match="kv_cache_memory_bytes"):
+        build_engine(EngineSpec("cpu-a", "vllm", {"kv_cache_memory_bytes": 1000},
+                                tokenizer_path=SIM_DIR, model_id="/m"))
+
+
+# -- start-up checks and a dead engine, against the fake ---------------------------------------
+
+
+@dataclass
+class LoRAFake(FakeAsyncLLM):
+    """add_lora as vLLM's: an adapter it cannot load is an error returned to that call."""
+
+    bad_paths: tuple[str, ...] = ()
+    added: list[str] = field(default_factory=list)
+
+    async def add_lora(self, lora: dict[str, Any]) -> bool:
+        if lora["lora_path"] in self.bad_paths:
+            raise Exception("Call to add_lora method failed: Missing required configuration "
+                            "fields: {'r'}")
+        self.added.append(lora["lora_name"])
+        return True
+
+
+def test_adapters_vllm_cannot_load_fail_only_their_own_requests(tmp_path: Path) -> None:
+    catalog = adapter_dirs(tmp_path)
+    paths = {a.tenant_id: a.path for a in catalog}
+    missing = AdapterCatalog([*catalog, Adapter("gone", 7, str(tmp_path / "7" / "gone"))],
+                             salt_of=lambda t: f"salt-of-{t}")
+    fake = LoRAFake(bad_paths=(paths[9],))
+
+    async def scenario(e: VLLMEngine) -> dict[str, Any]:
+        out: dict[str, Any] = {"broken": e.broken_adapters}
+        for name, salt in (("support", "salt-of-9"), ("gone", OWNER_SALT), ("gone", OTHER_SALT)):
+            with pytest.raises(EngineError) as info:
+                [d async for d in e.generate(req(rid=name + salt, adapter=name, salt=salt))]
+            out[(name, salt)] = info.value
+        out["own"] = [d async for d in e.generate(req(rid="own", adapter="support"))][-1]
+        out["failure"] = e.failure()
+        return out
+
+    out = run(engine_with(fake, missing, enable_lora=True), scenario)
+    assert set(out["broken"]) == {"t9-support", "t7-gone"}
+    assert "adapter_config.json" in out["broken"]["t7-gone"]
+    assert fake.added == ["t7-support"]  # loaded once at start
+    for owner in (("support", "salt-of-9"), ("gone", OWNER_SALT)):
+        assert out[owner].retryable is False and "cannot be loaded" in str(out[owner])
+    # Another tenant naming it learns nothing: "does not exist", as for any unknown model.
+    assert "does not exist" in str(out[("gone", OTHER_SALT)])
+    assert out["own"].finish_reason == FinishReason.LENGTH
+    assert out["failure"] is None  # the engine lives
+
+
+def test_an_adapter_removed_after_start_fails_its_request_before_reaching_vllm(
+        tmp_path: Path) -> None:
+    catalog = adapter_dirs(tmp_path)
+    fake = LoRAFake()
+
+    async def scenario(e: VLLMEngine) -> EngineError:
+        (tmp_path / "7" / "support" / "adapter_config.json").unlink()
+        with pytest.raises(EngineError) as info:
+            [d async for d in e.generate(req(adapter="support"))]
+        return info.value
+
+    err = run(engine_with(fake, catalog, enable_lora=True), scenario)
+    assert err.retryable is False and "cannot be loaded" in str(err)
+    assert fake.calls == []  # never sent to vLLM, where it would kill the engine core
+
+
+def test_a_dead_engine_core_is_reported_and_a_restart_clears_it() -> None:
+    fake = FakeAsyncLLM(tokens=10, fail=EngineDeadError())
+    engine = engine_with(fake)
+
+    async def scenario(e: VLLMEngine) -> tuple[str | None, EngineError, bool]:
+        assert e.failure() is None
+        with pytest.raises(EngineError):
+            [d async for d in e.generate(req())]
+        dead = e.failure()
+        with pytest.raises(EngineError) as refused:
+            [d async for d in e.generate(req(rid="r2"))]
+        fake.fail = None
+        await e.stop()
+        await e.start()
+        return dead, refused.value, e.failure() is None
+
+    dead, refused, healthy = run(engine, scenario)
+    assert dead is not None and "died" in dead
+    assert refused.retryable is True  # another worker can serve it
+    assert healthy
+
+
+def test_an_errored_asyncllm_is_a_failure_even_before_a_request_sees_it() -> None:
+    fake = FakeAsyncLLM()
+    engine = engine_with(fake)
+    asyncio.run(engine.start())
+    fake.errored = True  # type: ignore[attr-defined]  # vLLM's flag: engine core gone
+    assert engine.failure() == "the vLLM engine core died"
+
+
+def test_a_failed_start_check_shuts_the_engine_down() -> None:
+    fake = FakeAsyncLLM(vocab=VOCAB + 1)
+    with pytest.raises(EngineError, match="tokenizer"):
+        asyncio.run(engine_with(fake).start())
+    assert fake.shut is True  # no engine core process left behind
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_loading(
+        tmp_path: Path) -> None:
+    made: list[Any] = []
+    engine = VLLMEngine(vsettings(model=_geometry(tmp_path / "m", vocab=VOCAB - 6),
+                                  tokenizer_path=SIM_DIR),
+                        llm_factory=lambda s, loggers: made.append(s) or FakeAsyncLLM())
+    with pytest.raises(EngineError, match=f"only {VOCAB - 6}"):
+        asyncio.run(engine.start())
+    assert made == []  # refused from config.json, before any weights were loaded
+
+
+# -- against the run's real vLLM engine --------------------------------------------------------
+
+SALT_SECRET = "conformance-secret"  # as test_engine_conformance's adapter test
+
+
+def real_req(rid: str, max_tokens: int = 400, salt: str = "x" * 32, **kw: Any) -> EngineRequest:
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=3, ignore_eos=True)
+    return EngineRequest(rid, list(IDS), sp, cache_salt=salt, **kw)
+
+
+def test_load_comes_from_the_real_scheduler_stats(vllm_engine: Any) -> None:
+    from tests.vllm_fixtures import KV_BYTES
+
+    engine = vllm_engine.engine
+    cache = engine._llm.vllm_config.cache_config
+
+    async def scenario(e: VLLMEngine) -> tuple[Any, dict[str, Any], Any, dict[str, Any]]:
+        started = {f"load{i}": asyncio.Event() for i in range(3)}
+
+        async def consume(rid: str) -> None:
+            async for d in e.generate(real_req(rid)):
+                if d.token_ids:
+                    started[rid].set()
+
+        tasks = [asyncio.ensure_future(consume(rid)) for rid in started]
+        await asyncio.gather(*(ev.wait() for ev in started.values()))
+        await asyncio.sleep(0.2)  # a few more steps: their stats have arrived
+        busy, busy_stats = e.load(), vllm_engine.scheduler()
+        for rid in started:
+            await e.abort(rid)
+        await asyncio.gather(*tasks)
+        for _ in range(100):  # the scheduler's own count, within a few steps of the abort
+            if vllm_engine.scheduler()["running"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        return busy, busy_stats, e.load(), vllm_engine.scheduler()
+
+    busy, busy_stats, idle, idle_stats = vllm_engine.run(scenario)
+    assert busy_stats["running"] == 3 and busy.running == 3 and busy.waiting == 0
+    assert busy.kv_tokens_used > 0 and busy.extra["kv_cache_usage"] > 0
+    # The KV cache vLLM really allocated: 64 MiB at 512 bytes a token of the tiny model.
+    assert busy.kv_tokens_total == cache.num_gpu_blocks * cache.block_size == KV_BYTES // 512
+    assert idle_stats["running"] == 0 and idle.running == 0
+    assert idle.kv_tokens_used == 0
+
+
+def test_on_this_cpu_the_engine_started_without_a_memory_fraction(vllm_engine: Any) -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("a GPU host: vLLM sizes the KV cache from gpu_memory_utilization there")
+    engine = vllm_engine.engine
+    # The pool asks for 0.9 (a GPU setting): on the CPU it is not sent, the bytes are.
+    assert engine.settings.gpu_memory_utilization == 0.9
+    args = engine.settings.async_engine_args(cpu=True)
+    assert "gpu_memory_utilization" not in args
+    assert engine._llm.vllm_config.cache_config.kv_cache_memory_bytes == args[
+        "kv_cache_memory_bytes"]
+
+
+def test_unloadable_adapters_fail_their_requests_and_the_real_engine_lives(
+        vllm_engine: Any, settings: Any) -> None:
+    from tenants.salts import cache_salt
+
+    settings.CACHE_SALT_SECRET = SALT_SECRET
+    owner, other = cache_salt(7), cache_salt(8)
+    # The broken adapter failed vLLM's own add_lora at start; the missing one has no files.
+    broken = vllm_engine.engine.broken_adapters
+    assert set(broken) == {"t7-broken", "t7-gone"}
+    assert "vLLM could not load it" in broken["t7-broken"]
+
+    async def scenario(e: VLLMEngine) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, salt in (("broken", owner), ("gone", owner), ("broken", other)):
+            with pytest.raises(EngineError) as info:
+                [d async for d in e.generate(real_req(f"{name}-{salt[:4]}", 4, salt,
+                                                      adapter=name))]
+            out[(name, salt)] = info.value
+        out["own"] = [d async for d in e.generate(real_req("own", 4, owner,
+                                                           adapter="support"))][-1]
+        out["plain"] = [d async for d in e.generate(real_req("plain", 4, other))][-1]
+        out["failure"] = e.failure()
+        return out
+
+    out = vllm_engine.run(scenario)
+    for name in ("broken", "gone"):
+        err = out[(name, owner)]
+        assert err.retryable is False and "cannot be loaded" in str(err)
+    assert "does not exist" in str(out[("broken", other)])
+    assert out["own"].finish_reason == out["plain"].finish_reason == FinishReason.LENGTH
+    assert out["failure"] is None and not vllm_engine.engine._llm.errored
+
+
+def test_the_vocabulary_check_reads_vllms_own_tokenizer_and_model(
+        vllm_engine: Any, tmp_path: Path) -> None:
+    from tests.vllm_model import write_tiny_model
+
+    bigger = write_tiny_model(tmp_path / "bigger", extra_tokens=4)
+    probe = VLLMEngine(vsettings(model=str(vllm_engine.engine.settings.model),
+                                 tokenizer_path=str(bigger)))
+    probe._llm = vllm_engine.engine._llm  # the running engine, checked as at start
+
+    async def scenario(_: VLLMEngine) -> tuple[EngineError, None]:
+        with pytest.raises(EngineError) as info:
+            await probe._check_tokenizer()
+        return info.value, await vllm_engine.engine._check_tokenizer()
+
+    err, same = vllm_engine.run(scenario)
+    assert f"{VOCAB + 4} tokens" in str(err) and f"only {VOCAB}" in str(err)
+    assert same is None  # the gateway's own tokenizer passes
+
+
+def test_a_model_whose_tokenizer_overflows_its_embedding_never_starts(tmp_path: Path) -> None:
+    if not HAS_VLLM:
+        pytest.skip(MISSING)
+    from tests.vllm_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "m", extra_tokens=4)  # the model's own files disagree
+    engine = VLLMEngine(vsettings(model=str(model), max_model_len=512,
+                                  kv_cache_memory_bytes=16 << 20))
+    with pytest.raises(EngineError, match=f"only {VOCAB}"):
+        asyncio.run(engine.start())

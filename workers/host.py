@@ -14,7 +14,13 @@ loop in its own thread:
   settlement (with the engine's own usage) rides in the same pipeline after its last tokens;
 - the cancel subscriber (``cancel:{pool}``): aborts the engine sequence within one step;
 - heartbeats (``workers:{pool}``, every ``WORKER_HEARTBEAT_SECONDS``) with load and capacity;
-- the janitor (``serving.janitor``), as in every worker.
+- the janitor (``serving.janitor``), as in every worker;
+- the engine watchdog: an engine whose core died (``Engine.failure()``, e.g. vLLM's engine
+  core process killed) takes no more work; the heartbeat says ``healthy=0`` with no capacity,
+  so the gateway routes elsewhere; its running requests are aborted and end with a retryable
+  ``engine_restart`` error, settled with the counts the engine had; then the engine is started
+  again. After ``MAX_ENGINE_RESTARTS`` restarts, or a restart that fails, the host leaves the
+  pool and the worker process exits non-zero, for its supervisor to replace it.
 
 Celery never carries a generation: the worker's Celery consumer only runs short tasks
 (``workers.tasks``), so a redelivered Celery message cannot re-run anything (ADR 0002).
@@ -68,6 +74,10 @@ log = logging.getLogger(__name__)
 
 REFUSED = "engine_refused"  # the error code of a request the engine turned down (EngineError)
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
+ENGINE_CHECK_S = 0.5  # how often the watchdog asks the engine whether it is still alive
+MAX_ENGINE_RESTARTS = 3  # restarts in one worker's life; past that it exits to be replaced
+ENGINE_FAILED_EXIT = 70  # the worker's exit status when its engine cannot be revived
+START_TIMEOUT_S = {"vllm": 1800.0}  # by backend: how long an engine may take to start
 
 
 def new_worker_id(pool: str) -> str:
@@ -87,6 +97,7 @@ class _Running:
     broken: bool = False
     first_sent: bool = False  # its first tokens are in a step batch (stamps first_token_at)
     invalid: bool = False  # the engine sent ids outside the vocabulary: aborted, fails
+    engine_failed: bool = False  # aborted because the engine died (retryable, see _recover)
     stream: asyncio.Future[Any] | None = None  # the engine.stream() call(s)
     # Framed requests (n choices, logprobs): the engine sequence of each choice, by index.
     choice_ids: tuple[str, ...] = ()
@@ -104,7 +115,8 @@ class EngineHost:
 
     def __init__(self, spec: EngineSpec, engine: Engine, worker_id: str | None = None, *,
                  heartbeat_s: float | None = None, dead_after_s: float | None = None,
-                 drain_timeout_s: float | None = None) -> None:
+                 drain_timeout_s: float | None = None,
+                 max_engine_restarts: int = MAX_ENGINE_RESTARTS) -> None:
         self.spec = spec
         self.engine = engine
         self.worker_id = worker_id or new_worker_id(spec.name)
@@ -112,6 +124,12 @@ class EngineHost:
         self.dead_after_s = dead_after_s or settings.WORKER_DEAD_AFTER_SECONDS
         self.drain_timeout_s = (settings.WORKER_DRAIN_SECONDS if drain_timeout_s is None
                                 else drain_timeout_s)
+        self.max_engine_restarts = max_engine_restarts
+        self.engine_restarts = 0
+        self.engine_failure: str | None = None  # set while the engine is dead or restarting
+        # Why the host gave up (the engine could not be revived): the worker exits non-zero.
+        self.fatal: BaseException | None = None
+        self._engine_ok: asyncio.Event | None = None
         self.running: dict[str, _Running] = {}
         # Derived from running, kept as it changes (_start, _freed) rather than recounted on
         # every dispatch: this worker's sequences per tenant (slot fairness) and reserved KV.
@@ -149,12 +167,14 @@ class EngineHost:
         self._loop = asyncio.get_running_loop()
         self._stop, self._flush_needed = asyncio.Event(), asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._engine_ok = asyncio.Event()
+        self._engine_ok.set()
         self._redis = get_async_redis()
         self._wfq = AsyncWfq(self._redis)
         await self.engine.start()
         await self._beat()  # registered before taking work, so a janitor can see us
         background = [self._flusher(), self._cancel_listener(), self._heartbeats(),
-                      self._janitor()]
+                      self._janitor(), self._engine_watchdog()]
         bg_tasks = [asyncio.create_task(c) for c in background]
         dispatch = asyncio.create_task(self._dispatch_loop())
         self.ready.set()
@@ -166,15 +186,17 @@ class EngineHost:
             for task in bg_tasks:
                 task.cancel()
             await asyncio.gather(*bg_tasks, return_exceptions=True)
-            await self.engine.stop()
+            with contextlib.suppress(Exception):  # a dead engine may fail to stop cleanly
+                await self.engine.stop()
             await script("leave").run_async(self._redis, self._worker_keys(), [self.worker_id])
             await self._redis.delete(self._self_wake())
             log.info("engine host %s drained and left pool %s", self.worker_id, self.spec.name)
 
     async def _drain(self, dispatch: asyncio.Task[None]) -> None:
         self._draining = True
-        assert self._slot_freed is not None
+        assert self._slot_freed is not None and self._engine_ok is not None
         self._slot_freed.set()  # a dispatch loop waiting for a free slot sees the drain
+        self._engine_ok.set()  # ... and one waiting for a restarted engine
         await self._wake_self("stop")
         await asyncio.gather(dispatch, return_exceptions=True)
         if self._tasks:
@@ -196,8 +218,11 @@ class EngineHost:
         return self._kv_reserved
 
     async def _dispatch_loop(self) -> None:
-        assert self._slot_freed is not None
+        assert self._slot_freed is not None and self._engine_ok is not None
         while not self._draining:
+            if not self._engine_ok.is_set():  # the engine is being restarted: take no work
+                await self._engine_ok.wait()
+                continue
             free_slots = self.spec.max_sequences - len(self.running)
             if free_slots <= 0:
                 self._slot_freed.clear()
@@ -477,6 +502,10 @@ class EngineHost:
             status, code = Status.CANCELLED, entry.cancel_reason
             event = transport.finish_event(FinishReason.ABORT,
                                            usage_of(prompt or 0, out or 0, cached))
+        elif entry.engine_failed:
+            status, code = Status.ERROR, "engine_restart"
+            event = transport.error_event("engine_restart", "The model server failed and is "
+                                          "restarting; retry.", retryable=True)
         else:  # aborted by the drain timeout
             status, code = Status.ERROR, "worker_shutdown"
             event = transport.error_event("worker_shutdown", "The worker shut down; retry.",
@@ -587,15 +616,20 @@ class EngineHost:
 
     async def _beat(self) -> None:
         load = self.engine.load()
+        failed = self.engine_failure is not None
         fields = {
             "pool": self.spec.name, "running": load.running, "waiting": load.waiting,
-            "max_running": load.max_running, "kv_tokens_used": load.kv_tokens_used,
+            # No capacity while the engine is down: the gateway routes to other pools.
+            "max_running": 0 if failed else load.max_running,
+            "kv_tokens_used": load.kv_tokens_used,
             "kv_tokens_total": load.kv_tokens_total, "kv_tokens_reserved": self._reserved_kv(),
             "in_flight": len(self.running), "draining": int(self._draining),
             # The context window this engine was built with: the gateway sizes requests by
             # the smallest its live workers advertise, not by the database's current value,
             # which may have changed since they started (gateway.inference.pools).
             "max_model_len": self.spec.max_model_len,
+            "healthy": int(not failed), "engine_failure": self.engine_failure or "",
+            "engine_restarts": self.engine_restarts,
         }
         args: list[Any] = [self.worker_id, self.spec.name, max(10, int(self.dead_after_s * 3))]
         for name, value in fields.items():
@@ -619,6 +653,63 @@ class EngineHost:
             entry.reaped = True
             await self._abort(rid)
         await self._beat()
+
+    # -- engine failure -------------------------------------------------------------------------
+
+    async def _engine_watchdog(self) -> None:
+        while not _cancelling():
+            await asyncio.sleep(ENGINE_CHECK_S)
+            why = self.engine.failure()
+            if why is not None and not self._draining:
+                await self._recover(why)
+
+    async def _recover(self, why: str) -> None:
+        """The engine died: stop taking work, end its requests retryably, start it again."""
+        assert self._engine_ok is not None and self._stop is not None
+        self._engine_ok.clear()
+        self.engine_failure = why
+        log.error("engine of pool %s failed (%s): %d running requests end retryably",
+                  self.spec.name, why, len(self.running))
+        with contextlib.suppress(Exception):
+            await self._beat()  # unhealthy, no capacity: routed elsewhere from now on
+        for rid, entry in list(self.running.items()):
+            entry.engine_failed = True
+            if entry.started:
+                await self._abort(rid)  # every choice of an n > 1 request
+        await self._until(lambda: not self.running, timeout=30.0)
+        if self.engine_restarts >= self.max_engine_restarts:
+            self._give_up(EngineError(f"the engine failed ({why}) after "
+                                      f"{self.engine_restarts} restarts"))
+            return
+        self.engine_restarts += 1
+        try:
+            with contextlib.suppress(Exception):
+                await self.engine.stop()
+            await self.engine.start()
+        except Exception as exc:
+            log.exception("restarting the engine of pool %s failed", self.spec.name)
+            self._give_up(exc)
+            return
+        log.warning("engine of pool %s restarted (%d so far)", self.spec.name,
+                    self.engine_restarts)
+        self.engine_failure = None
+        self._engine_ok.set()
+        with contextlib.suppress(Exception):
+            await self._beat()
+
+    def _give_up(self, exc: BaseException) -> None:
+        """Leave the pool (run()'s drain) and let the worker process exit to be replaced."""
+        assert self._stop is not None
+        self.fatal = exc
+        self._stop.set()
+
+    async def _until(self, check: Callable[[], bool], timeout: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not check():
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def _janitor(self) -> None:
         interval = max(self.heartbeat_s, self.dead_after_s / 4)
@@ -715,9 +806,19 @@ class HostThread:
             self.error = exc
             log.exception("engine host stopped with an error")
         finally:
+            started = self.host.ready.is_set()
             self.host.ready.set()
+        if started and self.host.fatal is not None:
+            # The engine cannot be revived; the host has left the pool and its requests are
+            # settled. Exit non-zero so the supervisor (systemd, Kubernetes) replaces us.
+            log.critical("engine host gave up: %s; exiting with status %d", self.host.fatal,
+                         ENGINE_FAILED_EXIT)
+            logging.shutdown()
+            os._exit(ENGINE_FAILED_EXIT)
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float | None = None) -> None:
+        # Loading a real model takes minutes; the other backends start in seconds.
+        timeout = timeout or START_TIMEOUT_S.get(self.host.spec.backend, 60.0)
         self.thread.start()
         if not self.host.ready.wait(timeout):
             raise EngineConfigError("the engine host did not start in time")

@@ -20,7 +20,7 @@ A pool lists its adapters in ``backend_settings["lora"]["adapters"]``::
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -83,6 +83,9 @@ class AdapterCatalog:
 
     def __len__(self) -> int:
         return len(self._by_owner)
+
+    def __iter__(self) -> Iterator[Adapter]:
+        return iter(self._by_owner.values())
 
     def resolve(self, name: str, tenant_id: int) -> Adapter:
         """The tenant's adapter of that name; ``AdapterNotFound`` otherwise (API: 404)."""

@@ -151,6 +151,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def load(self) -> EngineLoad: ...
 
+    def failure(self) -> str | None:
+        """Why this engine can serve nothing more until it is restarted (its core process
+        died), or None while it is healthy. The host polls it: a failed engine is stopped and
+        started again, or the worker exits to be replaced."""
+        return None
+
     @property
     @abc.abstractmethod
     def tokenizer(self) -> Tokenizer: ...

@@ -39,6 +39,7 @@ VLLM_KEYS: dict[str, Any] = {
     "enable_prefix_caching": bool, "scheduling_policy": str, "dtype": str,
     "tensor_parallel_size": int, "block_size": int, "max_num_batched_tokens": int,
     "kv_cache_dtype": str, "enforce_eager": bool, "seed": int, "engine_args": dict,
+    "kv_cache_memory_bytes": int,
 }
 UPSTREAM_KEYS: dict[str, Any] = {
     "base_url": str, "model": str, "dialect": str, "prompt_format": str,
@@ -212,6 +213,7 @@ def _vllm(spec: EngineSpec, clock: Any) -> Engine:
     values.setdefault("tokenizer_path", spec.tokenizer_path or None)
     settings = VLLMSettings(
         model=model, max_model_len=spec.max_model_len, max_num_seqs=spec.max_sequences,
+        kv_cache_tokens=spec.kv_cache_tokens,
         enable_lora=bool(lora.get("enabled", False)),
         max_loras=int(lora.get("max_loras", 4)), max_lora_rank=int(lora.get("max_lora_rank", 16)),
         **values,

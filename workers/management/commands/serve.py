@@ -43,6 +43,7 @@ from workers.supervisor import Child, ChildSpec, State, Supervisor
 STARTUP_TIMEOUT_S = 60.0
 HOUSEKEEPING_STOP_S = 15.0
 REDIS_STOP_S = 5.0
+VLLM_STARTUP_TIMEOUT_S = 1800.0  # a vllm pool's worker loads the model first: minutes
 
 
 class Command(BaseCommand):
@@ -54,7 +55,10 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-beat", action="store_true",
                             help="Do not start Celery beat (nor the housekeeping worker).")
-        parser.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S)
+        parser.add_argument(
+            "--startup-timeout", type=float, default=None,
+            help=f"seconds to wait for the gateway and every pool worker (default "
+                 f"{STARTUP_TIMEOUT_S:g}, {VLLM_STARTUP_TIMEOUT_S:g} with a vllm pool enabled)")
         parser.add_argument(
             "--gateway-processes", type=int, default=1,
             help="uvicorn worker processes sharing the port; each relays its own streams with "
@@ -91,6 +95,9 @@ class Command(BaseCommand):
         env = {**os.environ, "REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
         pools = list(Pool.objects.filter(enabled=True).order_by("name")
                      .values_list("name", flat=True))
+        if options["startup_timeout"] is None:  # a vllm pool's worker loads a model first
+            real = Pool.objects.filter(enabled=True, backend="vllm").exists()
+            options["startup_timeout"] = VLLM_STARTUP_TIMEOUT_S if real else STARTUP_TIMEOUT_S
         specs = ([redis_spec] if redis_spec else []) + self._specs(env, pools, options)
         self.sup = Supervisor(specs, listener=self._on_event)
         cleanup.callback(self._stop_all, pools)

@@ -1,0 +1,239 @@
+"""The whole path on real vLLM: gateway (uvicorn) -> WFQ -> a Celery worker hosting the ``vllm``
+backend (vLLM's CPU build, the tiny model of ``tests/vllm_model.py``) -> the official ``openai``
+client, sync and async, streaming and not.
+
+What is checked against vLLM's own accounting: the usage record of each request is what the
+engine counted (prompt tokens = the gateway tokenizer's count, output tokens = what vLLM
+generated, cached tokens = vLLM's prefix-cache hits under the tenant's salt); a client that
+goes away mid-stream frees the sequence in vLLM (the worker's heartbeat carries vLLM's scheduler
+statistics); and an engine core that dies is noticed, its requests end retryably and are
+settled, and the worker restarts it and serves again.
+
+One worker and one gateway for the module (the engine takes tens of seconds to start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from infra.redis_conn import get_redis, key
+from tenants.models import Pool
+from tests import procs
+from tests.factories import make_key, make_model, make_tenant
+from tests.vllm_fixtures import KV_BYTES, MAX_MODEL_LEN, TinyModel
+from workers.tokenization import load_tokenizer
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+POOL, MODEL, WORKER = "vllm-e2e", "tiny-vllm", "vllm-e2e-w1"
+ENV = {"WORKER_HEARTBEAT_SECONDS": "0.3", "WORKER_DEAD_AFTER_SECONDS": "15",
+       "SSE_KEEPALIVE_SECONDS": "0.5", "HF_HUB_OFFLINE": "1"}
+# Long enough to fill whole KV blocks (vLLM caches full blocks only: 128 tokens on the CPU).
+HELLO = [{"role": "user", "content": "Say hello to the tenants of this gateway. " + (
+    "Quotas bound how much a tenant takes; fair queueing bounds who waits. The gateway meters "
+    "tokens at admission and schedules work so each tenant gets its weighted share. ") * 6}]
+BIG = 10**9
+QUOTA = {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
+         "concurrent_requests": 100, "open_streams": 100, "max_output_tokens": 1800,
+         "ttft_deadline_s": 120.0, "total_deadline_s": 300.0}
+ENGINE_START_S = 600.0
+
+
+def ensure_pool(tiny: TinyModel) -> None:
+    model = make_model(MODEL, engine_model_id=str(tiny.model), tokenizer_path=str(tiny.model),
+                       max_model_len=MAX_MODEL_LEN)
+    Pool.objects.get_or_create(name=POOL, defaults={
+        "model": model, "backend": "vllm", "max_sequences": 8, "kv_cache_tokens": 100_000,
+        "backend_settings": {"enforce_eager": True, "kv_cache_memory_bytes": KV_BYTES,
+                             "scheduling_policy": "priority"}})
+
+
+@pytest.fixture(scope="module")
+def system(tiny_vllm: TinyModel, django_db_setup: Any,
+           django_db_blocker: Any) -> Iterator[dict[str, Any]]:
+    with django_db_blocker.unblock():
+        ensure_pool(tiny_vllm)
+        worker = procs.start_worker(POOL, worker_id=WORKER, env=ENV)
+        gateway, url = procs.start_uvicorn(env=ENV)
+    try:
+        procs.wait_for_worker(get_redis(), POOL, WORKER, worker, timeout=ENGINE_START_S)
+        procs.wait_for_http(url + "/healthz", gateway)
+        yield {"url": url, "worker": worker, "gateway": gateway, "tiny": tiny_vllm}
+    except BaseException:
+        print(worker.logs()[-4000:], gateway.logs()[-3000:])
+        raise
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+@pytest.fixture
+def live(system: dict[str, Any], redis_client: Any) -> dict[str, Any]:
+    ensure_pool(system["tiny"])  # transactional tests empty the tables after each test
+    procs.wait_for_worker(redis_client, POOL, WORKER, system["worker"], timeout=30)
+    return system
+
+
+def new_key() -> str:
+    return make_key(make_tenant(**QUOTA))[1]
+
+
+def rid_of(response_id: str) -> str:
+    return response_id.split("-", 1)[1]
+
+
+def record_of(redis_client: Any, rid: str, timeout: float = 30.0) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        for raw in redis_client.lrange(key("usage", "pending"), 0, -1):
+            rec = json.loads(raw)
+            if rec["request_id"] == rid:
+                return rec
+        return None
+
+    return procs.wait_until(find, timeout, f"usage record of {rid}")  # type: ignore[return-value]
+
+
+def worker_load(redis_client: Any) -> dict[str, str]:
+    raw = redis_client.hgetall(key("worker", WORKER, "load"))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def chat_len(messages: list[dict[str, str]]) -> int:
+    return len(load_tokenizer(None).apply_chat_template(messages))
+
+
+def test_the_official_client_sync_streaming_and_not(live: dict[str, Any],
+                                                    redis_client: Any) -> None:
+    client = openai.OpenAI(base_url=live["url"] + "/v1", api_key=new_key(), max_retries=0,
+                           timeout=120)
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=9,
+                                           extra_body={"ignore_eos": True})
+    assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (chat_len(HELLO), 9)
+    record = record_of(redis_client, rid_of(reply.id))
+    assert (record["prompt_tokens"], record["completion_tokens"], record["status"]) == (
+        chat_len(HELLO), 9, "ok")
+
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=14, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 14
+    # The same prompt again, same tenant: vLLM served its prefix from the tenant's cache.
+    assert usage.prompt_tokens_details.cached_tokens > 0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text  # (random weights: bytes that re-encode to other tokens, so no count of it)
+    record = record_of(redis_client, rid_of(chunks[0].id))
+    assert record["completion_tokens"] == 14 and record["stream"] is True
+    assert record["cached_tokens"] == usage.prompt_tokens_details.cached_tokens
+
+    # Another tenant, the same prompt: nothing of the first tenant's cache (I1).
+    other = openai.OpenAI(base_url=live["url"] + "/v1", api_key=new_key(), max_retries=0,
+                          timeout=120)
+    theirs = other.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert theirs.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_the_official_client_async_completions_streaming_and_not(live: dict[str, Any],
+                                                                 redis_client: Any) -> None:
+    prompt = "Quotas bound how much a tenant takes; fair queueing bounds who waits."
+    n_prompt = len(load_tokenizer(None).encode(prompt))
+    plain = new_key()
+
+    async def main() -> tuple[Any, list[Any]]:
+        client = openai.AsyncOpenAI(base_url=live["url"] + "/v1", api_key=plain,
+                                    max_retries=0, timeout=120)
+        reply = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                                extra_body={"ignore_eos": True})
+        stream = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=11, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        return reply, [c async for c in stream]
+
+    reply, chunks = procs.arun(main())
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (n_prompt, 6)
+    assert record_of(redis_client, rid_of(reply.id))["completion_tokens"] == 6
+    assert chunks[-1].usage.completion_tokens == 11
+    assert chunks[-1].usage.prompt_tokens == n_prompt
+    record = record_of(redis_client, rid_of(chunks[0].id))
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (n_prompt, 11)
+
+
+def test_a_client_gone_mid_stream_frees_the_sequence_in_vllm(live: dict[str, Any],
+                                                             redis_client: Any) -> None:
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 1500, "stream": True,
+            "ignore_eos": True}
+    with httpx.Client(timeout=60) as http, http.stream(
+            "POST", live["url"] + "/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {new_key()}"}) as resp:
+        rid = resp.headers["x-request-id"]
+        seen = 0
+        for line in resp.iter_lines():
+            seen += line.startswith("id: ")
+            if seen >= 5:
+                break
+    record = record_of(redis_client, rid)
+    # vLLM stopped the sequence early: the abort reached it (it would have run to 1500).
+    assert record["status"] == "cancelled"
+    assert 5 <= record["completion_tokens"] < 1500
+    # vLLM's own scheduler (through the worker's heartbeat): nothing running, no KV held.
+    procs.wait_until(lambda: worker_load(redis_client).get("running") == "0"
+                     and worker_load(redis_client).get("kv_tokens_used") == "0", 10,
+                     "vLLM to free the sequence")
+
+
+def _engine_core_pid(worker_pid: int) -> int:
+    import psutil
+
+    for child in psutil.Process(worker_pid).children(recursive=True):
+        if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+            return child.pid
+    raise AssertionError("no vLLM engine core process under the worker")
+
+
+def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
+        live: dict[str, Any], redis_client: Any) -> None:
+    """Last in the module: it kills the worker's engine core (the worker brings it back)."""
+    plain = new_key()
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 1500, "stream": True,
+            "ignore_eos": True}
+    events: list[dict[str, Any]] = []
+    with httpx.Client(timeout=120) as http, http.stream(
+            "POST", live["url"] + "/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {plain}"}) as resp:
+        rid = resp.headers["x-request-id"]
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            events.append(json.loads(line[6:]))
+            if len(events) == 5:
+                os.kill(_engine_core_pid(live["worker"].pid), signal.SIGKILL)
+            if "error" in events[-1]:
+                break
+    error = events[-1].get("error")
+    assert error is not None, events[-3:]
+    assert error["code"] in ("engine_error", "engine_restart")
+    record = record_of(redis_client, rid)
+    assert record["status"] == "error" and 4 <= record["completion_tokens"] < 1500
+    # The heartbeat said unhealthy (no capacity: routed elsewhere) while the engine restarted.
+    def restarted() -> bool:
+        load = worker_load(redis_client)
+        return load.get("healthy") == "1" and load.get("engine_restarts") == "1"
+
+    procs.wait_until(restarted, ENGINE_START_S, "the worker to restart its engine",
+                     live["worker"], interval=0.1)
+    assert live["worker"].alive()
+    assert "the vLLM engine core died" in live["worker"].logs()
+    client = openai.OpenAI(base_url=live["url"] + "/v1", api_key=plain, max_retries=0,
+                           timeout=120)
+    again = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3,
+                                           extra_body={"ignore_eos": True})
+    assert again.usage.completion_tokens == 3
