@@ -34,12 +34,14 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from celery import bootsteps
 from celery.signals import worker_shutting_down
 from django.conf import settings
@@ -57,6 +59,10 @@ from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
 log = logging.getLogger(__name__)
 
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
+# A settle that meets a Redis outage is retried this long: a Sentinel failover takes seconds, and
+# a request's state survives it on the promoted replica, so without the retry its stream would
+# wait for a terminal event until the deadline sweep. Past this, the janitor's sweeps end it.
+SETTLE_RETRY_S = 30.0
 
 
 def new_worker_id(pool: str) -> str:
@@ -380,15 +386,31 @@ class EngineHost:
             cached_tokens=cached, output_tokens=output, error_code=error_code, event=event,
             inflight=self.inflight,
         )
+        give_up, delay = time.monotonic() + SETTLE_RETRY_S, 0.1
+        while True:
+            try:
+                reply = await self._settle_once(rid, keys, args)
+                break
+            except (redis.ConnectionError, redis.TimeoutError):
+                # Safe to repeat: settle applies once per request state, so a retry of a settle
+                # whose reply was lost is refused (nothing is charged or recorded twice).
+                if time.monotonic() > give_up:
+                    raise
+                log.warning("settling %s met a Redis outage; retrying", rid)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        done = settlement.parse_settle(rid, reply)
+        if done is not None:
+            await settlement.correct_wfq_async(done)
+        return done is not None
+
+    async def _settle_once(self, rid: str, keys: list[str], args: list[Any]) -> Any:
         assert self._loop is not None
         waiter = self._loop.create_future()
         self._batch.settle(rid, keys, args)
         self._waiters.append(waiter)
         self._flush_soon()
-        done = settlement.parse_settle(rid, await waiter)
-        if done is not None:
-            await settlement.correct_wfq_async(done)
-        return done is not None
+        return await waiter
 
     # -- the step batch -----------------------------------------------------------------------
 
