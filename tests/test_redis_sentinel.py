@@ -15,6 +15,7 @@ import redis.sentinel
 from django.test import override_settings
 
 from infra import redis_conn
+from tests.redis_ha import SentinelGroup
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,3 +84,27 @@ def test_without_sentinels_the_url_is_used_as_before(fresh_clients: None) -> Non
             pool.connection_kwargs["db"]) == ("127.0.0.1", 6399, 4)
     assert type(redis_conn._new_async_client().connection_pool) is \
         redis.asyncio.BlockingConnectionPool
+
+
+@pytest.mark.integration
+def test_celery_broker_goes_through_the_sentinels() -> None:
+    """A message sent by the app's broker connection lands on the master the sentinels name."""
+    group = SentinelGroup().start()
+    try:
+        script = (
+            "import django; django.setup()\n"
+            "from gateway.celery import app\n"
+            "app.loader.import_default_modules()\n"
+            "print(app.conf.broker_url)\n"
+            "with app.connection_for_write() as conn:\n"
+            "    q = conn.SimpleQueue('igw-sentinel-check')\n"
+            "    q.put({'hello': 1})\n"
+            "    q.close()\n")
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gateway.settings", **group.env()}
+        done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.startswith("sentinel://127.0.0.1:"), done.stdout
+        assert group.master().llen("igw-sentinel-check") == 1
+    finally:
+        group.stop()
