@@ -113,6 +113,13 @@ class SentinelGroup:
         self.procs[port].wait(10)
         return port
 
+    def request_failover(self) -> int:
+        """SENTINEL FAILOVER: the replica is promoted, the old primary lives on as its replica
+        (clients still connected to it get READONLY on their next write); returns its port."""
+        port = self.master_port()
+        redis.Redis(port=self.sentinel_ports[0], socket_timeout=2).sentinel_failover(MASTER)
+        return port
+
     def wait_failover(self, old_port: int, timeout: float = 30.0) -> int:
         """Until the sentinels name a new primary that accepts writes; returns its port."""
         def promoted() -> bool:

@@ -1,7 +1,8 @@
 """Redis failover under load: a primary, a replica and three sentinels (real ``redis-server``s).
 
 The gateway and the pool worker reach Redis only through the sentinels (``REDIS_SENTINELS``).
-The test SIGKILLs the primary while 30 streams run; the sentinels promote the replica.
+The test SIGKILLs the primary while 30 streams run (or asks for a failover: the old primary is
+demoted to a replica and answers READONLY); the sentinels promote the replica.
 Chosen behaviour (docs/architecture.md "Failure modes", ADR "beyond-redis-sentinel"):
 
 - while no master is known, admission fails closed (503, retryable); once the replica is
@@ -48,7 +49,7 @@ def chat(url: str, plain: str) -> httpx.Response:
                             "messages": [{"role": "user", "content": "Hi"}]})
 
 
-def run_failover() -> dict[str, Any]:
+def run_failover(how: str) -> dict[str, Any]:
     Pool.objects.create(name=POOL, model=make_model(MODEL), max_sequences=40, backend_settings={
         "decode_tokens_per_s": 20.0, "pool_tokens_per_s": None})
     tenant = make_tenant(**quota())
@@ -70,7 +71,7 @@ def run_failover() -> dict[str, Any]:
                              20, "streams running")
             time.sleep(0.5)
             during["killed_at"] = time.monotonic()
-            old = group.kill_master()
+            old = group.kill_master() if how == "kill" else group.request_failover()
             during["new_port"] = group.wait_failover(old)
             during["promoted_s"] = time.monotonic() - during["killed_at"]
 
@@ -94,7 +95,8 @@ def run_failover() -> dict[str, Any]:
         resettled = [o.rid for o in outcomes if o.rid and settle(
             o.rid, status=Status.ERROR, prompt_tokens=None, output_tokens=None,
             error_code="worker_lost", client=r)]
-        return {"outcomes": outcomes, "after": after, "during": during, "records": records,
+        return {"how": how, "outcomes": outcomes, "after": after, "during": during,
+                "records": records,
                 "records_after_resettle": len(faults.settled_records(r)),
                 "resettled": resettled, "procs_alive": worker.alive() and gw.alive()}
     except BaseException:
@@ -115,21 +117,27 @@ def report(res: dict[str, Any]) -> str:
         codes[code] = codes.get(code, 0) + 1
     ends = [o.ended - d["killed_at"] for o in res["outcomes"]]
     toks = [o.tokens for o in res["outcomes"]]
-    return faults.table("Redis failover (primary SIGKILLed, replica promoted by Sentinel)", [
+    title = {"kill": "primary SIGKILLed", "failover": "SENTINEL FAILOVER"}[res["how"]]
+    return faults.table(f"Redis failover ({title}, replica promoted by Sentinel)", [
         ("streams in flight", len(res["outcomes"])),
         ("  how they ended", codes),
         ("  ended after kill p50/max (s)", f"{faults.pct(ends, 0.5):.2f} / {max(ends):.2f}"),
         ("  tokens received min/max", f"{min(toks)} / {max(toks)}"),
+        ("  completed: usage.completion_tokens", sorted({(o.usage or {}).get(
+            "completion_tokens") for o in res["outcomes"] if o.ok})),
         ("replica promoted after (s)", f"{d['promoted_s']:.2f}"),
         ("admission works again after (s)", f"{d['admits_again_s']:.2f}"),
         ("admission answers meanwhile", sorted(set(d["statuses"]))),
         ("streams after failover ok", f"{sum(o.ok for o in res['after'])}/{len(res['after'])}"),
+        ("  content deltas / usage tokens", sorted({(o.tokens, (o.usage or {}).get(
+            "completion_tokens")) for o in res["after"]})),
         ("usage records (one per request)", len(res["records"])),
     ])
 
 
-def test_sentinel_failover_under_load() -> None:
-    res = run_failover()
+@pytest.mark.parametrize("how", ["kill", "failover"])
+def test_sentinel_failover_under_load(how: str) -> None:
+    res = run_failover(how)
     report(res)
     d = res["during"]
     assert res["procs_alive"]
