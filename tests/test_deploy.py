@@ -9,18 +9,27 @@ timings are checked against the settings they must cover.
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kubernetes_validate
+import psutil
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 from yamllint import linter
 from yamllint.config import YamlLintConfig
+
+from infra.redis_conn import key
+from tenants.models import Pool
+from tests import procs
+from tests.factories import make_key, make_model, make_tenant
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -181,3 +190,44 @@ def test_entrypoint_rejects_a_worker_without_a_pool() -> None:
     done = subprocess.run(["sh", str(DEPLOY / "entrypoint.sh"), "worker"], capture_output=True,
                           text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode != 0 and "pool" in done.stderr
+
+
+# -- the entrypoint's roles, started here as the image starts them (no Docker needed) ---------
+
+
+def entry(role: str, *args: str, env: dict[str, str]) -> procs.Proc:
+    # The image's python3 is the one with the project installed: here, this virtualenv's.
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    return procs.Proc(f"entry-{role}", ["sh", str(DEPLOY / "entrypoint.sh"), role, *args],
+                      procs.child_env({**env, "PATH": path}))
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_entrypoint_starts_a_gateway_and_a_worker_that_serve(redis_client) -> None:
+    Pool.objects.create(name="entry-pool", model=make_model("sim-entry"), max_sequences=4)
+    _, plain = make_key(make_tenant())
+    port = procs.free_port()
+    env = {"PORT": str(port), "GATEWAY_SHUTDOWN_SECONDS": "2", "LOG_LEVEL": "WARNING"}
+    gw = entry("gateway", env=env)
+    worker = entry("worker", "entry-pool", env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        procs.wait_for_http(url + "/healthz", gw)
+        procs.wait_until(lambda: redis_client.zcard(key("workers", "entry-pool")) > 0, 60,
+                         "the worker to register", worker)
+        # exec: the signalled process is the server itself, not a shell that would swallow it.
+        assert "uvicorn" in " ".join(psutil.Process(gw.pid).cmdline())
+        assert "celery" in " ".join(psutil.Process(worker.pid).cmdline())
+        answer = httpx.post(url + "/v1/chat/completions", timeout=30,
+                            headers={"Authorization": f"Bearer {plain}"},
+                            json={"model": "sim-entry", "max_tokens": 3,
+                                  "messages": [{"role": "user", "content": "Hi"}]})
+        assert answer.status_code == 200, answer.text
+        # A graceful stop within GATEWAY_SHUTDOWN_SECONDS (uvicorn re-raises the SIGTERM it
+        # handled, so the status is -15 or 0 depending on its version), not a SIGKILL.
+        assert gw.terminate(timeout=10) in (0, -15), gw.logs()[-2000:]
+        assert "Finished server process" in gw.logs()
+    finally:
+        for p in (gw, worker):
+            p.stop()
