@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -52,18 +52,23 @@ def _backoff() -> ExponentialWithJitterBackoff:
 
 def _master_kwargs() -> dict[str, Any]:
     """db, username and password for the master: from REDIS_URL when it is set."""
-    parsed = parse_url(settings.REDIS_URL) if settings.REDIS_URL else {}
+    parsed: dict[str, Any] = (
+        parse_url(settings.REDIS_URL) if settings.REDIS_URL else {}  # type: ignore[no-untyped-call]
+    )
     return {k: parsed[k] for k in ("db", "username", "password") if parsed.get(k) is not None}
 
 
 @lru_cache(maxsize=1)
 def get_redis() -> redis.Redis:
     if sentinel_mode():
-        sentinel = redis.sentinel.Sentinel(settings.REDIS_SENTINEL_NODES, socket_timeout=1.0)
+        # redis-py's Sentinel classes are unannotated, hence the ignores and casts below.
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            settings.REDIS_SENTINEL_NODES, socket_timeout=1.0)
         # Unlike from_url's, this client retries: a command that meets a failover (refused, or
         # the old master answering READONLY) reconnects to the master the sentinels name now.
-        return sentinel.master_for(settings.REDIS_SENTINEL_MASTER, health_check_interval=30,
-                                   retry=Retry(_backoff(), 3), **_master_kwargs())
+        return cast(redis.Redis, sentinel.master_for(  # type: ignore[no-untyped-call]
+            settings.REDIS_SENTINEL_MASTER, health_check_interval=30,
+            retry=Retry(_backoff(), 3), **_master_kwargs()))
     return redis.Redis.from_url(redis_url(), health_check_interval=30)
 
 
@@ -82,9 +87,9 @@ def _new_async_client() -> aioredis.Redis:
                                "timeout": ASYNC_POOL_TIMEOUT_S, "health_check_interval": 30,
                                "retry": AsyncRetry(_backoff(), 3)}
     if sentinel_mode():
-        return _async_sentinel().master_for(
+        return cast(aioredis.Redis, _async_sentinel().master_for(
             settings.REDIS_SENTINEL_MASTER, connection_pool_class=_BlockingSentinelPool,
-            **options, **_master_kwargs())
+            **options, **_master_kwargs()))
     pool = aioredis.BlockingConnectionPool.from_url(redis_url(), **options)
     return aioredis.Redis(connection_pool=pool)
 
@@ -94,7 +99,8 @@ class _BlockingSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.Blockin
 
 
 def _async_sentinel() -> aiosentinel.Sentinel:
-    return aiosentinel.Sentinel(settings.REDIS_SENTINEL_NODES, socket_timeout=1.0)
+    return aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+        settings.REDIS_SENTINEL_NODES, socket_timeout=1.0)
 
 
 def new_async_pool(**options: Any) -> aioredis.ConnectionPool:
@@ -103,7 +109,7 @@ def new_async_pool(**options: Any) -> aioredis.ConnectionPool:
     A Sentinel pool's connections refer to their pool weakly: keep the pool while they live.
     """
     if sentinel_mode():
-        return aiosentinel.SentinelConnectionPool(
+        return aiosentinel.SentinelConnectionPool(  # type: ignore[no-untyped-call]
             settings.REDIS_SENTINEL_MASTER, _async_sentinel(), **options, **_master_kwargs())
     return aioredis.ConnectionPool.from_url(redis_url(), **options)
 
