@@ -393,7 +393,8 @@ class EngineHost:
                 break
             except (redis.ConnectionError, redis.TimeoutError):
                 # Safe to repeat: settle applies once per request state, so a retry of a settle
-                # whose reply was lost is refused (nothing is charged or recorded twice).
+                # whose reply was lost is refused (nothing is charged or recorded twice; that
+                # request's WFQ correction is then skipped: a skew of one request).
                 if time.monotonic() > give_up:
                     raise
                 log.warning("settling %s met a Redis outage; retrying", rid)
