@@ -12,6 +12,7 @@ import os
 import click
 from celery import Celery
 from django.conf import settings
+from redis.connection import parse_url
 
 from infra.redis_conn import redis_url
 
@@ -24,7 +25,17 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 @app.on_configure.connect
 def _use_gateway_redis(sender: Celery, **_: object) -> None:
     # The broker defaults to the gateway's Redis (embedded when REDIS_URL is empty).
-    url = settings.CELERY_BROKER_URL or redis_url()
+    if not settings.CELERY_BROKER_URL and settings.REDIS_SENTINEL_NODES:
+        # Through the same sentinels (kombu's sentinel:// transport): the broker follows a
+        # failover as the gateway's clients do.
+        db = parse_url(settings.REDIS_URL).get("db", 0) if settings.REDIS_URL else 0
+        url = ";".join(f"sentinel://{h}:{p}/{db}" for h, p in settings.REDIS_SENTINEL_NODES)
+        master = {"master_name": settings.REDIS_SENTINEL_MASTER}
+        sender.conf.broker_transport_options = {**settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+                                                **master}
+        sender.conf.result_backend_transport_options = master
+    else:
+        url = settings.CELERY_BROKER_URL or redis_url()
     sender.conf.broker_url = url
     sender.conf.result_backend = url
 

@@ -123,6 +123,19 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Empty means "start or reuse the embedded Redis server under VAR_DIR" (infra.redis_conn).
 REDIS_URL = env_str("REDIS_URL", "")
 REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "igw")
+# High availability (infra.redis_conn): "host:port,host:port" of Redis Sentinels and the name of
+# the master they watch. Empty: REDIS_URL is the one Redis. Set: clients ask the sentinels where
+# the master is (and again after a failover); REDIS_URL then supplies only db number and password.
+REDIS_SENTINELS = env_str("REDIS_SENTINELS", "")
+REDIS_SENTINEL_MASTER = env_str("REDIS_SENTINEL_MASTER", "")
+REDIS_SENTINEL_NODES: list[tuple[str, int]] = []
+for _node in filter(None, (n.strip() for n in REDIS_SENTINELS.split(","))):
+    _host, _, _port = _node.rpartition(":")
+    if not _host or not _port.isdigit() or not 0 < int(_port) < 65536:
+        raise ImproperSetting(f"REDIS_SENTINELS: {_node!r} is not host:port")
+    REDIS_SENTINEL_NODES.append((_host.strip("[]"), int(_port)))
+if REDIS_SENTINEL_NODES and not REDIS_SENTINEL_MASTER:
+    raise ImproperSetting("REDIS_SENTINEL_MASTER must name the master when REDIS_SENTINELS is set")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

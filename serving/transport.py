@@ -46,7 +46,7 @@ import redis
 import redis.asyncio as aioredis
 
 from infra.loop_local import LoopLocal
-from infra.redis_conn import get_async_redis, get_redis, key, redis_url
+from infra.redis_conn import get_async_redis, get_redis, key, new_async_pool
 from serving.keys import req_key, stream_key
 from serving.lua import script
 from serving.settlement import STREAM_MAXLEN
@@ -313,6 +313,7 @@ class StreamReader:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: Any = None  # a redis.asyncio Connection, used by this reader only
+        self._conn_pool: Any = None
         self._conn_id: int | None = None
         self._blocked = False
         self._unblocking = False  # a CLIENT UNBLOCK for the current read is on its way
@@ -390,8 +391,8 @@ class StreamReader:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="xread-relay")
 
     async def _connect(self) -> Any:
-        pool = aioredis.ConnectionPool.from_url(redis_url(), decode_responses=True,
-                                                client_name=RELAY_CLIENT_NAME)
+        pool = new_async_pool(decode_responses=True, client_name=RELAY_CLIENT_NAME)
+        self._conn_pool = pool  # a Sentinel pool's connection refers to it weakly
         conn = pool.connection_class(**pool.connection_kwargs)
         await conn.connect()  # type: ignore[no-untyped-call]  # unannotated in redis-py
         await conn.send_command("CLIENT", "ID")

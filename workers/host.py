@@ -43,12 +43,14 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import redis
 from celery import bootsteps
 from celery.signals import worker_shutting_down
 from django.conf import settings
@@ -78,6 +80,10 @@ ENGINE_CHECK_S = 0.5  # how often the watchdog asks the engine whether it is sti
 MAX_ENGINE_RESTARTS = 3  # restarts in one worker's life; past that it exits to be replaced
 ENGINE_FAILED_EXIT = 70  # the worker's exit status when its engine cannot be revived
 START_TIMEOUT_S = {"vllm": 1800.0}  # by backend: how long an engine may take to start
+# A settle that meets a Redis outage is retried this long: a Sentinel failover takes seconds, and
+# a request's state survives it on the promoted replica, so without the retry its stream would
+# wait for a terminal event until the deadline sweep. Past this, the janitor's sweeps end it.
+SETTLE_RETRY_S = 30.0
 
 
 def new_worker_id(pool: str) -> str:
@@ -522,15 +528,32 @@ class EngineHost:
             cached_tokens=cached, output_tokens=output, error_code=error_code, event=event,
             inflight=self.inflight,
         )
+        give_up, delay = time.monotonic() + SETTLE_RETRY_S, 0.1
+        while True:
+            try:
+                reply = await self._settle_once(rid, keys, args)
+                break
+            except (redis.ConnectionError, redis.TimeoutError):
+                # Safe to repeat: settle applies once per request state, so a retry of a settle
+                # whose reply was lost is refused (nothing is charged or recorded twice; that
+                # request's WFQ correction is then skipped: a skew of one request).
+                if time.monotonic() > give_up:
+                    raise
+                log.warning("settling %s met a Redis outage; retrying", rid)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        done = settlement.parse_settle(rid, reply)
+        if done is not None:
+            await settlement.correct_wfq_async(done)
+        return done is not None
+
+    async def _settle_once(self, rid: str, keys: list[str], args: list[Any]) -> Any:
         assert self._loop is not None
         waiter = self._loop.create_future()
         self._batch.settle(rid, keys, args)
         self._waiters.append(waiter)
         self._flush_soon()
-        done = settlement.parse_settle(rid, await waiter)
-        if done is not None:
-            await settlement.correct_wfq_async(done)
-        return done is not None
+        return await waiter
 
     # -- the step batch -----------------------------------------------------------------------
 

@@ -76,7 +76,7 @@ class Command(BaseCommand):
 
     def _redis(self, cleanup: contextlib.ExitStack) -> tuple[str, ChildSpec | None]:
         """The Redis URL every child gets, and the embedded server's child when it is ours."""
-        if settings.REDIS_URL:
+        if settings.REDIS_URL or settings.REDIS_SENTINEL_NODES:  # Sentinel: never embedded
             return str(settings.REDIS_URL), None
         var = settings.VAR_DIR
         cleanup.enter_context(_exclusive(var / "serve.lock"))

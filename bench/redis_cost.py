@@ -1,0 +1,154 @@
+"""Redis commands and CPU per request and per streamed token; the shards and cells a demand needs.
+
+Starts a private ``redis-server`` (so INFO counts only this run), a uvicorn gateway and a pool
+worker on the simulated engine (``bench/_http.System``), then runs the same number of streaming
+requests twice: short (``--short`` tokens each) and long (``--long``). Around each run it reads
+``INFO commandstats`` (calls) and ``INFO cpu`` (``used_cpu_user`` + ``used_cpu_sys``), subtracts
+what an idle system costs in the same time (heartbeats), and solves
+
+    total = per_request x requests + per_token x tokens
+
+for both runs (``tenants.redis_capacity.solve_cost``). Then prints the plan for each
+``--demand-tpm`` (default: the design's 2 and 20 million output tokens per minute).
+
+    python bench/redis_cost.py                        # small: 2 x 200 requests
+    python bench/redis_cost.py --requests 1000 --json cost.json
+    python manage.py plan_redis --cost cost.json --demand-tpm 2e6 2e7
+
+Everything shares this machine's cores: Redis CPU is per Redis process, so that is fair, but on
+a busy machine the figures include scheduling noise: run it twice and compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.procs import free_port, wait_until  # noqa: E402  (no Django needed)
+
+
+def start_private_redis() -> subprocess.Popen[bytes]:
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="igw-redis-cost-")
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", workdir],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    os.environ["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"  # read by Django's settings below
+    return proc
+
+
+REDIS_PROC = start_private_redis()
+
+import redis  # noqa: E402
+from _http import System, TenantSpec, run_async, sse_post, stream_body  # noqa: E402
+
+from tenants.redis_capacity import plan_redis, render_redis_text, solve_cost  # noqa: E402
+
+QUOTA = {"input_tpm": 10**9, "output_tpm": 10**9, "concurrent_requests": 100_000,
+         "open_streams": 100_000, "ttft_deadline_s": 60, "total_deadline_s": 600}
+OWN_COMMANDS = {"cmdstat_info", "cmdstat_config"}  # this script's own probes
+
+
+def snapshot(r: redis.Redis) -> tuple[float, float, float]:
+    cpu = r.info("cpu")
+    stats = r.info("commandstats")
+    calls = sum(v["calls"] for k, v in stats.items() if f"cmdstat_{k}" not in OWN_COMMANDS
+                and k not in OWN_COMMANDS)
+    return time.perf_counter(), float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), calls
+
+
+def delta(r: redis.Redis, before: tuple[float, float, float]) -> dict[str, float]:
+    now = snapshot(r)
+    return {"seconds": now[0] - before[0], "cpu_s": now[1] - before[1],
+            "commands": now[2] - before[2]}
+
+
+def run_phase(system: System, r: redis.Redis, n: int, tokens: int, concurrency: int,
+              idle: dict[str, float] | None) -> dict[str, float]:
+    body = stream_body(system.model_name, tokens)
+    api_key, url = system.keys["bench"], system.urls[0]
+
+    async def main() -> list[Any]:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one() -> Any:
+            async with sem:
+                return await sse_post(url, api_key, body)
+
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+    before = snapshot(r)
+    results = run_async(main())
+    # Settlement is written before the last event: nothing of these requests is still pending.
+    used = delta(r, before)
+    ok = [x for x in results if x.status == 200 and not x.error]
+    if len(ok) != n:
+        errors = sorted({x.error or str(x.status) for x in results if x not in ok})
+        raise SystemExit(f"{n - len(ok)} of {n} requests failed: {errors}")
+    idle = idle or {"seconds": 1.0, "cpu_s": 0.0, "commands": 0.0}
+    rate = used["seconds"] / idle["seconds"]
+    return {"requests": float(n), "tokens": float(sum(x.completion_tokens for x in ok)),
+            "cpu_s": max(used["cpu_s"] - idle["cpu_s"] * rate, 0.0),
+            "commands": max(used["commands"] - idle["commands"] * rate, 0.0),
+            "seconds": used["seconds"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--short", type=int, default=4, help="tokens per request, short run")
+    parser.add_argument("--long", type=int, default=128, help="tokens per request, long run")
+    parser.add_argument("--per-stream", type=float, default=400.0,
+                        help="simulated decode rate of each sequence, tokens/s")
+    parser.add_argument("--demand-tpm", type=float, nargs="+", default=[2e6, 2e7])
+    parser.add_argument("--tokens-per-request", type=float, default=330.0,
+                        help="average output tokens per request in the planned demand")
+    parser.add_argument("--json", help="write the measured cost and runs here")
+    args = parser.parse_args()
+    engine = {"decode_tokens_per_s": args.per_stream, "pool_tokens_per_s": None,
+              "prefill_tokens_per_s": 1e7}
+    try:
+        wait_until(lambda: redis.Redis.from_url(os.environ["REDIS_URL"]).ping(), 10,
+                   "the private redis-server")
+        with System(backend_settings=engine, max_sequences=args.concurrency + 16,
+                    tenants=[TenantSpec("bench", quota=QUOTA)]) as system:
+            r = redis.Redis.from_url(os.environ["REDIS_URL"])
+            run_phase(system, r, 10, 4, 10, None)  # warm up: scripts loaded, connections open
+            before = snapshot(r)
+            time.sleep(3.0)
+            idle = delta(r, before)
+            short = run_phase(system, r, args.requests, args.short, args.concurrency, idle)
+            long = run_phase(system, r, args.requests, args.long, args.concurrency, idle)
+    finally:
+        REDIS_PROC.kill()
+        REDIS_PROC.wait(10)
+    cost = solve_cost(short, long)
+    print(f"idle: {idle['cpu_s'] / idle['seconds'] * 1e3:.1f} ms CPU/s, "
+          f"{idle['commands'] / idle['seconds']:.0f} commands/s (subtracted)")
+    for name, run in (("short", short), ("long", long)):
+        print(f"{name} run: {run['requests']:.0f} requests, {run['tokens']:.0f} tokens in "
+              f"{run['seconds']:.1f} s: Redis {run['cpu_s']:.3f} CPU s, "
+              f"{run['commands']:.0f} commands")
+    plans = [plan_redis(cost, output_tpm=d, tokens_per_request=args.tokens_per_request)
+             for d in args.demand_tpm]
+    print(render_redis_text(cost, plans))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "cost": cost.__dict__, "short": short, "long": long, "idle": idle}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
