@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Run lint and the whole test suite against PostgreSQL and Redis (the README's test command).
+# Run lint and the whole test suite against PostgreSQL and Redis (the README's test command);
+# starts both on 127.0.0.1 when they are not answering.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/services.sh
 scripts/bootstrap.sh
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/1}
