@@ -14,8 +14,9 @@ import asyncio
 from typing import Any
 
 from infra.redis_conn import key
+from workers.engine.registry import EngineSpec
 from workers.engine.simulated import SimConfig, SimulatedEngine
-from workers.host import EngineHost, PoolSpec
+from workers.host import EngineHost
 
 
 class DyingEngine(SimulatedEngine):
@@ -58,7 +59,7 @@ def test_a_dead_engine_is_reported_unhealthy_and_restarted(redis_client: Any,
                                                            settings: Any) -> None:
     engine = DyingEngine()
     engine.restart_delay = 1.0
-    host = EngineHost(PoolSpec("restart-pool", max_sequences=4), engine, "rw-1",
+    host = EngineHost(EngineSpec("restart-pool", max_sequences=4), engine, "rw-1",
                       heartbeat_s=0.1, dead_after_s=5)
     seen: list[dict[str, str]] = []
     after: dict[str, str] = {}
@@ -98,7 +99,7 @@ def test_a_dead_engine_is_reported_unhealthy_and_restarted(redis_client: Any,
 def test_past_its_restart_budget_the_host_leaves_the_pool_and_says_why(
         redis_client: Any, settings: Any) -> None:
     engine = DyingEngine()
-    host = EngineHost(PoolSpec("restart-pool", max_sequences=4), engine, "rw-2",
+    host = EngineHost(EngineSpec("restart-pool", max_sequences=4), engine, "rw-2",
                       heartbeat_s=0.1, dead_after_s=5, max_engine_restarts=1)
 
     async def main() -> None:
