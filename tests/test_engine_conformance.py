@@ -487,7 +487,7 @@ def test_waiting_requests_start_in_priority_order(backend: Backend) -> None:
     an earlier one of lower priority once a slot frees."""
     if not backend.priority:
         pytest.skip(f"{backend.name} does not order by priority")
-    if backend.upstream_load is not None:
+    if backend.name == "upstream-vllm-serve":
         # Seen failing once on a quiet CI machine: the waiting count read from `vllm serve`'s
         # /metrics never showed the two late requests queued within 20 s. Until that is
         # understood, priority order is asserted on the in-process AsyncLLM (same scheduler)
