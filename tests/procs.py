@@ -174,4 +174,36 @@ def arun(coro: Any) -> Any:
     from infra import redis_conn
 
     redis_conn.async_clients.clear()
-    return asyncio.run(coro)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            _cancel_leftovers(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _cancel_leftovers(loop: Any, timeout: float = 10.0) -> None:
+    """Cancel the tasks a test left running, waiting at most ``timeout``.
+
+    ``asyncio.run`` waits for them without a bound, so one task that does not end on
+    cancellation turned a passed test into a pytest-timeout after 120 s with no clue which
+    task it was. Here the stuck ones are named, with their stacks, and the test's own outcome
+    stands.
+    """
+    import asyncio
+
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    if not pending:
+        return
+    _done, stuck = loop.run_until_complete(asyncio.wait(pending, timeout=timeout))
+    for task in stuck:
+        print(f"arun: a task did not end within {timeout} s of its cancel: {task!r}")
+        task.print_stack()
