@@ -180,7 +180,7 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-# Replaced in tests by a stub (DNS rebinding is simulated by a resolver that changes answers).
+# The real resolver. Tests swap in their own to simulate DNS rebinding (answers that change).
 resolver: Resolver = system_resolver
 
 
