@@ -35,6 +35,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 
 from infra.redis_conn import get_redis, key  # noqa: E402
+from metering.keys import pending_key, pools_key  # noqa: E402
 from tenants.keys import issue_key  # noqa: E402
 from tenants.models import Pool, Quota, ServedModel, Tenant, Tier  # noqa: E402
 from tests import procs  # noqa: E402
@@ -85,8 +86,12 @@ class System:
                  backend_settings: dict[str, Any] | None = None, max_sequences: int = 64,
                  kv_cache_tokens: int = 381_000, tenants: list[TenantSpec] | None = None,
                  workers: int = 1, gateways: int = 1, env: dict[str, str] | None = None,
-                 uvicorn_args: list[str] | None = None) -> None:
+                 uvicorn_args: list[str] | None = None, max_model_len: int = 8192,
+                 backend: str = "simulated", model_dir: str = "",
+                 worker_timeout: float = 60.0) -> None:
         self.model_name, self.pool_name = model, pool
+        self.max_model_len, self.backend, self.model_dir = max_model_len, backend, model_dir
+        self.worker_timeout = worker_timeout  # a vLLM worker loads its model first: minutes
         self.backend_settings = backend_settings or {}
         self.max_sequences, self.kv_cache_tokens = max_sequences, kv_cache_tokens
         self.tenant_specs = tenants or [TenantSpec("bench")]
@@ -107,7 +112,7 @@ class System:
             proc = procs.start_worker(self.pool_name, worker_id=wid, env=self.env)
             self.procs.append(proc)
             self.worker_procs.append(proc)
-            procs.wait_for_worker(r, self.pool_name, wid, proc)
+            procs.wait_for_worker(r, self.pool_name, wid, proc, timeout=self.worker_timeout)
         for _ in range(self.n_gateways):
             proc, url = procs.start_uvicorn(env=self.env)
             self.procs.append(proc)
@@ -118,9 +123,12 @@ class System:
 
     def _rows(self) -> None:
         self._cleanup_rows()
-        model = ServedModel.objects.create(name=self.model_name, engine_model_id="sim",
-                                           max_model_len=8192)
-        Pool.objects.create(name=self.pool_name, model=model, max_sequences=self.max_sequences,
+        model = ServedModel.objects.create(name=self.model_name,
+                                           engine_model_id=self.model_dir or "sim",
+                                           tokenizer_path=self.model_dir,
+                                           max_model_len=self.max_model_len)
+        Pool.objects.create(name=self.pool_name, model=model, backend=self.backend,
+                            max_sequences=self.max_sequences,
                             kv_cache_tokens=self.kv_cache_tokens,
                             backend_settings=self.backend_settings)
         for spec in self.tenant_specs:
@@ -145,7 +153,8 @@ class System:
             r.delete(name)
 
     def usage_records(self) -> list[dict[str, Any]]:
-        raw = get_redis().lrange(key("usage", "pending"), 0, -1)
+        r = get_redis()
+        raw = [x for p in r.smembers(pools_key()) for x in r.lrange(pending_key(p.decode()), 0, -1)]
         return [json.loads(x) for x in raw]
 
 
@@ -215,15 +224,19 @@ class _SseClient(asyncio.Protocol):
 
 
 async def sse_post(url: str, api_key: str, body: dict[str, Any], *,
-                   close_after_events: int | None = None, tally: list[int] | None = None
-                   ) -> Result:
-    """POST a streaming request and read it to the end (or hang up after N token events)."""
+                   close_after_events: int | None = None, tally: list[int] | None = None,
+                   out: Result | None = None) -> Result:
+    """POST a streaming request and read it to the end (or hang up after N token events).
+
+    ``out``: fill this result (a caller that may cancel the call keeps what it got so far)."""
     host, port = url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
             f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
-    out = Result(started=time.perf_counter())
+    if out is None:
+        out = Result()
+    out.started = time.perf_counter()
     loop = asyncio.get_running_loop()
     try:
         _, proto = await loop.create_connection(

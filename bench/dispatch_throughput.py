@@ -38,7 +38,7 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from infra.redis_conn import redis_url  # noqa: E402
 from serving.keys import inflight_key  # noqa: E402
-from serving.wfq import AsyncWfq, Prices, Wfq  # noqa: E402
+from serving.wfq import AsyncWfq, EngineShares, Prices, Wfq  # noqa: E402
 
 WORKER = "bench-worker"
 PRICES = Prices(1.0, 2.0)
@@ -96,6 +96,21 @@ def drain_fair(wfq: Wfq, pool: str, tenants: int) -> int:
     return done
 
 
+def drain_engine_fair(wfq: Wfq, pool: str, tenants: int) -> int:
+    """As drain_fair, and the worker also passes its engine's state (rule E, docs/adr/0017):
+    each running tenant has a prompt waiting for prefill and KV held, so a pick that reaches
+    one computes its engine shares (U exact once per call)."""
+    running = {f"tenant-{t}": 1 for t in range(min(tenants, FAIR_SLOTS - 1))}
+    engine = EngineShares(20_000.0, 381_000.0, dict.fromkeys(running, 4_000),
+                          dict.fromkeys(running, 4_000))
+    free = FAIR_SLOTS - sum(running.values())
+    done = 0
+    while wfq.dispatch(pool, free_slots=free, free_kv_tokens=10**9, worker_id=WORKER,
+                       running=running, engine=engine):
+        done += 1
+    return done
+
+
 def drain(wfq: Wfq, pool: str, batch: int) -> int:
     done = 0
     if batch == 1:  # the plain single-request call a worker makes when one slot frees
@@ -130,26 +145,28 @@ def ping_floor(client: redis.Redis, n: int) -> int:
 def one_run(client: redis.Redis, args, policy: str, mode: str, seed: int) -> dict[str, Sample]:
     wfq = Wfq(client, policy=policy, prices=PRICES)
     wfq.reset(args.pool)
-    client.delete(inflight_key(WORKER))
+    client.delete(inflight_key(args.pool, WORKER))
     filled = measure(client, lambda: fill(wfq, args.pool, args.tenants, args.per_tenant, seed))
     if mode == "async dispatch":
         drained = measure(client, lambda: drain_async(args.pool, policy))
-    elif mode == "dispatch, slot-fair":
+    elif mode in ("dispatch, slot-fair", "dispatch, engine-fair"):
         # It stops once only the capped tenants have work left; the rest is drained untimed.
-        drained = measure(client, lambda: drain_fair(wfq, args.pool, args.tenants))
+        fair = drain_fair if mode == "dispatch, slot-fair" else drain_engine_fair
+        drained = measure(client, lambda: fair(wfq, args.pool, args.tenants))
         assert drained.ops + drain(wfq, args.pool, 1) == filled.ops, "lost or doubled"
     else:
         batch = 1 if mode == "dispatch" else args.batch
         drained = measure(client, lambda: drain(wfq, args.pool, batch))
         assert drained.ops == filled.ops, "the drain must dispatch every request exactly once"
     wfq.reset(args.pool)
-    client.delete(inflight_key(WORKER))
+    client.delete(inflight_key(args.pool, WORKER))
     return {"enqueue": filled, mode: drained}
 
 
 def run_all(args) -> list[tuple[str, str, list[Sample]]]:
     client = redis.Redis.from_url(redis_url())
-    modes = ["dispatch", f"dispatch_many({args.batch})", "async dispatch", "dispatch, slot-fair"]
+    modes = ["dispatch", f"dispatch_many({args.batch})", "async dispatch", "dispatch, slot-fair",
+             "dispatch, engine-fair"]
     rows: dict[tuple[str, str], list[Sample]] = {}
     for run in range(args.runs):  # runs outermost: machine noise spreads over every row
         ping = measure(client, lambda: ping_floor(client, args.tenants * args.per_tenant),
@@ -165,14 +182,14 @@ def run_all(args) -> list[tuple[str, str, list[Sample]]]:
 
 
 def print_table(rows, tenants: int) -> None:
-    print(f"{'mode':<20}{'policy':<8}{'tenants':>8}{'ops/s (median)':>16}{'min':>9}{'max':>9}"
+    print(f"{'mode':<23}{'policy':<8}{'tenants':>8}{'ops/s (median)':>16}{'min':>9}{'max':>9}"
           f"{'us/op':>8}{'redis us/call':>15}")
     for name, policy, samples in rows:
         rates = [s.rate for s in samples]
         median_rate = statistics.median(rates)
         script = statistics.median(s.script_usec for s in samples)
         script_text = "-" if math.isnan(script) else f"{script:.1f}"
-        print(f"{name:<20}{policy:<8}{tenants:>8}{median_rate:>16,.0f}{min(rates):>9,.0f}"
+        print(f"{name:<23}{policy:<8}{tenants:>8}{median_rate:>16,.0f}{min(rates):>9,.0f}"
               f"{max(rates):>9,.0f}{1e6 / median_rate:>8.1f}{script_text:>15}")
 
 

@@ -77,9 +77,10 @@ def main() -> None:
                 tenants=[TenantSpec("bench", quota=QUOTA)]) as system:
         run_async(run_rate(system, 20, 1))  # warm up: tokenizer, connections, caches
         for rate in rates:
-            from infra.redis_conn import get_redis, key
+            from infra.redis_conn import get_redis
+            from metering.keys import pending_key
 
-            get_redis().delete(key("usage", "pending"))
+            get_redis().delete(pending_key(system.pool_name))
             gw, wk = system.gateway_pids[0], system.worker_procs[0].pid
             cpu0 = cpu_seconds(gw), cpu_seconds(wk)
             t0 = time.perf_counter()

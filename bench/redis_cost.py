@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,21 +59,38 @@ from tenants.redis_capacity import plan_redis, render_redis_text, solve_cost  # 
 
 QUOTA = {"input_tpm": 10**9, "output_tpm": 10**9, "concurrent_requests": 100_000,
          "open_streams": 100_000, "ttft_deadline_s": 60, "total_deadline_s": 600}
-OWN_COMMANDS = {"cmdstat_info", "cmdstat_config"}  # this script's own probes
+OWN_COMMANDS = {"info", "config"}  # this script's own probes
 
 
-def snapshot(r: redis.Redis) -> tuple[float, float, float]:
+@dataclass
+class Snapshot:
+    at: float
+    cpu_s: float
+    calls: dict[str, int]  # INFO commandstats, per command (Lua's own calls included)
+
+    @property
+    def commands(self) -> int:
+        return sum(n for k, n in self.calls.items() if k not in OWN_COMMANDS)
+
+
+def snapshot(r: redis.Redis) -> Snapshot:
     cpu = r.info("cpu")
-    stats = r.info("commandstats")
-    calls = sum(v["calls"] for k, v in stats.items() if f"cmdstat_{k}" not in OWN_COMMANDS
-                and k not in OWN_COMMANDS)
-    return time.perf_counter(), float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), calls
+    # redis-py names them "get" or "cmdstat_get" depending on its version.
+    calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+    return Snapshot(time.perf_counter(), float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+                    calls)
 
 
-def delta(r: redis.Redis, before: tuple[float, float, float]) -> dict[str, float]:
-    now = snapshot(r)
-    return {"seconds": now[0] - before[0], "cpu_s": now[1] - before[1],
-            "commands": now[2] - before[2]}
+def top_commands(before: Snapshot, after: Snapshot, per: float) -> str:
+    """The commands that grew most between two snapshots, per ``per`` (requests)."""
+    grew = sorted(((n - before.calls.get(k, 0), k) for k, n in after.calls.items()),
+                  reverse=True)
+    return ", ".join(f"{k} {n / per:.1f}" for n, k in grew[:6] if n)
+
+
+def delta(before: Snapshot, now: Snapshot) -> dict[str, float]:
+    return {"seconds": now.at - before.at, "cpu_s": now.cpu_s - before.cpu_s,
+            "commands": now.commands - before.commands}
 
 
 def run_phase(system: System, r: redis.Redis, n: int, tokens: int, concurrency: int,
@@ -92,11 +110,15 @@ def run_phase(system: System, r: redis.Redis, n: int, tokens: int, concurrency: 
     before = snapshot(r)
     results = run_async(main())
     # Settlement is written before the last event: nothing of these requests is still pending.
-    used = delta(r, before)
+    after = snapshot(r)
+    used = delta(before, after)
     ok = [x for x in results if x.status == 200 and not x.error]
     if len(ok) != n:
         errors = sorted({x.error or str(x.status) for x in results if x not in ok})
         raise SystemExit(f"{n - len(ok)} of {n} requests failed: {errors}")
+    if idle is not None:  # where the commands go (the warm-up's are not worth a line)
+        print(f"  {n} x {tokens} tokens, commands per request: "
+              f"{top_commands(before, after, n)}", flush=True)
     idle = idle or {"seconds": 1.0, "cpu_s": 0.0, "commands": 0.0}
     rate = used["seconds"] / idle["seconds"]
     return {"requests": float(n), "tokens": float(sum(x.completion_tokens for x in ok)),
@@ -129,7 +151,7 @@ def main() -> None:
             run_phase(system, r, 10, 4, 10, None)  # warm up: scripts loaded, connections open
             before = snapshot(r)
             time.sleep(3.0)
-            idle = delta(r, before)
+            idle = delta(before, snapshot(r))
             short = run_phase(system, r, args.requests, args.short, args.concurrency, idle)
             long = run_phase(system, r, args.requests, args.long, args.concurrency, idle)
     finally:

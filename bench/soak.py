@@ -50,7 +50,9 @@ from _http import (
     sse_post,
 )
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, pool_key
+from metering.keys import pending_key, pools_key, processing_key
+from serving.admission import counter_key
 
 BIG = 10**9
 LONG_PROMPT = "Summarise the following report. " + "The quarterly figures were steady. " * 500
@@ -210,15 +212,15 @@ def leftovers(system: System, tenants: list[Any]) -> dict[str, int]:
     for t in tenants:
         for kind in ("conc", "streams"):
             for scope, ident in [("tenant", t.pk), *(("key", k.pk) for k in t.api_keys.all())]:
-                value = int(r.get(key(kind, scope, ident)) or 0)
+                value = int(r.get(counter_key(kind, t.pk, scope, ident)) or 0)
                 if value:
                     out[f"{kind}:{scope}:{ident}"] = value
-    out["queued"] = r.hlen(key("wfq", system.pool_name, "items"))
-    out["deadlines"] = r.zcard(key("deadlines"))
+    out["queued"] = r.hlen(pool_key("wfq", system.pool_name, "items"))
+    out["deadlines"] = r.zcard(pool_key("deadlines", system.pool_name))
     for i in range(system.n_workers):
         wid = f"{system.pool_name}-w{i}"
-        out[f"{wid}:inflight"] = r.scard(key("worker", wid, "inflight"))
-        load = r.hgetall(key("worker", wid, "load"))
+        out[f"{wid}:inflight"] = r.scard(pool_key("worker", system.pool_name, wid, "inflight"))
+        load = r.hgetall(pool_key("worker", system.pool_name, wid, "load"))
         out[f"{wid}:kv_reserved"] = int(load.get(b"kv_tokens_reserved", 0) or 0)
         out[f"{wid}:in_flight"] = int(load.get(b"in_flight", 0) or 0)
     return {k: v for k, v in out.items() if v}
@@ -233,8 +235,10 @@ def records_of_run(tenant_ids: set[int]) -> dict[str, dict[str, Any]]:
             "request_id", "completion_tokens", "status"):
         out[rec["request_id"]] = rec
     r = get_redis()
-    for raw in r.lrange(key("usage", "pending"), 0, -1) + r.lrange(key("usage", "processing"),
-                                                                     0, -1):
+    raws = []
+    for pool in (p.decode() for p in r.smembers(pools_key())):
+        raws += r.lrange(pending_key(pool), 0, -1) + r.lrange(processing_key(pool), 0, -1)
+    for raw in raws:
         rec = json.loads(raw)
         if rec["tenant_id"] in tenant_ids:
             out.setdefault(rec["request_id"], rec)

@@ -40,7 +40,9 @@ import json
 import logging
 import re
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -211,9 +213,34 @@ def loads(args: argparse.Namespace) -> list[str]:
     return [f"C={c}" for c in args.concurrency] + [f"{r:g}/s" for r in args.open_rates]
 
 
+def start_profilers(way: str, load: str, groups: dict[str, int],
+                    args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:
+    """py-spy on the gateway's processes (not the engine's, not the client) for one run."""
+    if not args.profile or way == "direct":
+        return []
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy on PATH")
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = load.replace("/", "per").replace("=", "")
+    return [subprocess.Popen([spy, "record", "-r", "200", "-f", "raw", "--nonblocking",
+                              "-o", str(out / f"{way}-{tag}-{name}.txt"), "-p", str(pid)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, pid in groups.items() if name != "engine"]
+
+
+def stop_profilers(spies: list[subprocess.Popen[bytes]]) -> None:
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+    for spy in spies:
+        spy.wait(60)
+
+
 def measure(way: str, groups: dict[str, int], url: str, model: str, api_key: str | None,
             load: str, args: argparse.Namespace, seed: int) -> Run:
     print(f"{load}: {way} ...", flush=True)
+    spies = start_profilers(way, load, groups, args)
     groups = {**groups, "client": psutil.Process().pid}
     before = {name: tree_cpu(pid) for name, pid in groups.items()}
     if load.startswith("C="):
@@ -225,6 +252,7 @@ def measure(way: str, groups: dict[str, int], url: str, model: str, api_key: str
     streams, wall = run_async(driver)
     run = Run(way, load, wall, streams)
     run.cpu = {name: tree_cpu(pid) - before[name] for name, pid in groups.items()}
+    stop_profilers(spies)
     return run
 
 
@@ -303,6 +331,9 @@ def main() -> None:
     parser.add_argument("--kv-bytes", type=int, default=KV_BYTES,
                         help="CPU hosts: the KV cache of each engine, in bytes")
     parser.add_argument("--gpu", action="store_true", help="a GPU host (no CPU KV sizing)")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="py-spy the gateway and worker of each gateway run into DIR "
+                             "(raw collapsed stacks; costs CPU, so not for the figures)")
     args = parser.parse_args()
     if args.quick:
         args.concurrency, args.rounds = "16", 1

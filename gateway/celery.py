@@ -72,6 +72,8 @@ PERIODIC_TASKS: tuple[tuple[str, float, str], ...] = (
     ("contentlog.purge_expired", 300.0, "purge expired content"),
     ("billing.check_spend_alerts", 60.0, "spend alerts"),
     ("billing.purge_exports", 3600.0, "purge week-old exports"),
+    # Split quotas across cells (docs/adr/0019); a no-op without CELLS.
+    ("cells.rebalance_quotas", settings.CELL_REBALANCE_SECONDS, "rebalance cell quota shares"),
 )
 for _task, _every, _label in PERIODIC_TASKS:
     # A run nobody picked up within its period is dropped: the next one does the same work.

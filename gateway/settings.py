@@ -6,6 +6,7 @@ Defaults give the embedded mode: SQLite file, embedded Redis, simulated engine.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dj_database_url
@@ -136,6 +137,46 @@ for _node in filter(None, (n.strip() for n in REDIS_SENTINELS.split(","))):
     REDIS_SENTINEL_NODES.append((_host.strip("[]"), int(_port)))
 if REDIS_SENTINEL_NODES and not REDIS_SENTINEL_MASTER:
     raise ImproperSetting("REDIS_SENTINEL_MASTER must name the master when REDIS_SENTINELS is set")
+# Redis Cluster (infra.redis_conn, ADR 0018): "host:port,host:port" of some cluster nodes (the
+# client learns the rest). Every key carries a hash tag, so each script and multi-key command
+# stays in one slot. Celery's broker (CELERY_BROKER_URL) stays a plain Redis.
+REDIS_CLUSTER = env_str("REDIS_CLUSTER_NODES", "")
+REDIS_CLUSTER_NODES: list[tuple[str, int]] = []
+for _node in filter(None, (n.strip() for n in REDIS_CLUSTER.split(","))):
+    _host, _, _port = _node.rpartition(":")
+    if not _host or not _port.isdigit() or not 0 < int(_port) < 65536:
+        raise ImproperSetting(f"REDIS_CLUSTER_NODES: {_node!r} is not host:port")
+    REDIS_CLUSTER_NODES.append((_host.strip("[]"), int(_port)))
+if REDIS_CLUSTER_NODES and REDIS_SENTINEL_NODES:
+    raise ImproperSetting("set REDIS_CLUSTER_NODES or REDIS_SENTINELS, not both")
+
+# Cells (docs/adr/0019): a cell is the gateways, Redis and workers for a set of pools in one
+# region, all sharing the one PostgreSQL. CELL names this process's cell ("" = cells off: one
+# cell, every tenant served here). CELLS is JSON {"name": {"url": public base URL, "redis_url":
+# the cell's Redis}}; a request for a tenant not served here is forwarded to its home cell's url,
+# and the quota rebalancer reaches every cell's Redis through redis_url (redis+cluster://host:port
+# when that cell runs Redis Cluster).
+CELL = env_str("CELL", "")
+try:
+    CELLS: dict[str, dict[str, str]] = json.loads(env_str("CELLS", "{}"))
+except ValueError as _exc:
+    raise ImproperSetting(f"CELLS is not JSON: {_exc}") from None
+if not isinstance(CELLS, dict) or not all(
+        isinstance(c, dict) and {"url", "redis_url"} <= c.keys() for c in CELLS.values()):
+    raise ImproperSetting('CELLS must map each cell name to {"url": ..., "redis_url": ...}')
+if CELL and CELL not in CELLS:
+    raise ImproperSetting(f"CELL={CELL!r} is not one of CELLS ({', '.join(CELLS) or 'none'})")
+# The home of a tenant whose home_cell is blank.
+DEFAULT_CELL = env_str("DEFAULT_CELL", "") or CELL or next(iter(CELLS), "")
+# Each cell of a split tenant keeps at least CELL_SHARE_FLOOR / n of its quota; a cell whose
+# Redis lost its share falls back to exactly that floor (serving.cells).
+CELL_SHARE_FLOOR = env_float("CELL_SHARE_FLOOR", 0.1, minimum=0.0)
+if CELL_SHARE_FLOOR > 1:
+    raise ImproperSetting("CELL_SHARE_FLOOR must be between 0 and 1")
+CELL_REBALANCE_SECONDS = env_float("CELL_REBALANCE_SECONDS", 10.0, minimum=1.0)
+# Replicas that must acknowledge a share's shrink before another cell may grow (Redis WAIT), so
+# a failover cannot bring back a larger share that was already handed to another cell.
+CELL_SHARE_WAIT_REPLICAS = env_int("CELL_SHARE_WAIT_REPLICAS", 0, minimum=0)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -201,12 +242,25 @@ WORKER_DRAIN_SECONDS = env_float("WORKER_DRAIN_SECONDS", 30.0, minimum=0.0)
 GATEWAY_SHUTDOWN_SECONDS = env_float("GATEWAY_SHUTDOWN_SECONDS", 5.0, minimum=0.0)
 WFQ_INPUT_PRICE = env_float("WFQ_INPUT_PRICE", 1.0, minimum=0.0)
 WFQ_OUTPUT_PRICE = env_float("WFQ_OUTPUT_PRICE", 2.0, minimum=0.0)
+# KV memory held over time, per token of context per decode step (docs/adr/0017): 2 / 50,000
+# makes a context of one slot's KV share in the design's pool (381,000 tokens / 8 slots, about
+# 50,000) cost what a decode token costs, so a long context pays for the memory it holds.
+WFQ_KV_PRICE = env_float("WFQ_KV_PRICE", 4e-5, minimum=0.0)
+# Engine shares (rule E, serving/lua/wfq/dispatch.lua): a tenant's share of the prompt tokens
+# a worker's engine prefills in this many seconds may wait there for prefill at once.
+WFQ_PREFILL_HORIZON_SECONDS = env_float("WFQ_PREFILL_HORIZON_SECONDS", 1.0, minimum=0.0)
 # Slot fairness (serving/lua/wfq/dispatch.lua, ADR 0006): a tenant that enqueued within this many
 # seconds counts as active, so a worker keeps slots free for its next request; a tenant over its
 # weighted share of a worker's slots may take one more only while this fraction of the slots
 # (at most) stays free for the other active tenants' unused shares (0: plain work-conserving).
 WFQ_ACTIVE_WINDOW_SECONDS = env_float("WFQ_ACTIVE_WINDOW_SECONDS", 5.0, minimum=0.0)
 WFQ_SLOT_RESERVE = env_float("WFQ_SLOT_RESERVE", 0.5, minimum=0.0)
+# The order the gateway enqueues in: "wfq" (production) or "fifo", the baseline the HTTP
+# benchmarks measure in the same run (bench/http_fairness.py). A pool keeps the policy its
+# queued requests were enqueued under until it drains (serving/wfq.py).
+WFQ_POLICY = env_str("WFQ_POLICY", "wfq")
+if WFQ_POLICY not in ("wfq", "fifo"):
+    raise ImproperSetting(f"WFQ_POLICY must be 'wfq' or 'fifo', not {WFQ_POLICY!r}")
 
 # Celery on Redis (docs/adr/0002). Generations never run as Celery tasks: a pool worker's engine
 # host pulls them from the WFQ, which moves each id atomically into that worker's in-flight set,

@@ -8,23 +8,34 @@ With ``REDIS_SENTINELS`` set, every client reaches the master through Redis Sent
 connection asks the sentinels where the master is, and one that finds it gone (refused, or
 demoted to a read-only replica) is dropped and retried against the new master (ADR
 "beyond-redis-sentinel").
+
+With ``REDIS_CLUSTER_NODES`` set, every client is redis-py's ``RedisCluster``: it routes each
+command (and each script, by its first key) to the node that owns the key's slot. Keys carry
+hash tags (``tag``, ``tenant_tag``, ``pool_tag``), so every script and multi-key command stays in
+one slot (ADR 0018). Celery's broker stays a plain Redis (``CELERY_BROKER_URL`` or ``REDIS_URL``).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from functools import lru_cache
 from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
 import redis.asyncio.sentinel as aiosentinel
+import redis.cluster
 import redis.sentinel
 from django.conf import settings
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import parse_url
+from redis.driver_info import DriverInfo
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
+from redis.utils import get_lib_version
 
 from infra.embedded_redis import ensure_embedded_redis
 from infra.loop_local import LoopLocal
@@ -34,12 +45,19 @@ def sentinel_mode() -> bool:
     return bool(settings.REDIS_SENTINEL_NODES)
 
 
+def cluster_mode() -> bool:
+    return bool(settings.REDIS_CLUSTER_NODES)
+
+
 @lru_cache(maxsize=1)
 def redis_url() -> str:
     if settings.REDIS_URL:
         return settings.REDIS_URL
     if sentinel_mode():
         raise RuntimeError("Redis is reached through REDIS_SENTINELS: there is no single URL")
+    if cluster_mode():
+        raise RuntimeError("Redis is a cluster (REDIS_CLUSTER_NODES): set REDIS_URL or "
+                           "CELERY_BROKER_URL to a plain Redis for Celery's broker")
     url = ensure_embedded_redis(settings.VAR_DIR)
     # Children (uvicorn workers, Celery) inherit the address rather than each probing for it.
     os.environ["REDIS_URL"] = url
@@ -50,6 +68,32 @@ def _backoff() -> ExponentialWithJitterBackoff:
     return ExponentialWithJitterBackoff(base=0.05, cap=1.0)
 
 
+@lru_cache(maxsize=1)
+def driver_info() -> DriverInfo:
+    """What every connection sends in CLIENT SETINFO, built once per process.
+
+    Left to redis-py, each new connection reads the package's own version from its installed
+    metadata (importlib.metadata, a scan of every installed distribution): 2.7 ms of CPU per
+    connection here, 0.01 ms with this passed in. A burst of concurrent requests opens that
+    many pooled connections at once, on the request path (a third of a worker's CPU during
+    the first burst of bench/vllm_vs_direct.py, and the time lands on first tokens)."""
+    return DriverInfo(lib_version=get_lib_version())  # type: ignore[no-untyped-call]
+
+
+def _pool_kwargs() -> dict[str, Any]:
+    """What every connection pool this module builds is given.
+
+    Maintenance notifications (a Redis Enterprise / Cloud handoff protocol) are off. redis-py 8
+    turns them on by itself ("auto") for RESP3, its new default, and with them on its pool
+    skips the check that replaces a pooled connection the server closed (redis-py #4128): after
+    a Redis restart, the first command on each stale connection failed. Commands behind
+    redis-py's retry recovered, but the worker's step batch, sent on a raw connection, lost
+    its tokens and ended those streams (stream_broken).
+    """
+    return {"driver_info": driver_info(),
+            "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
 def _master_kwargs() -> dict[str, Any]:
     """db, username and password for the master: from REDIS_URL when it is set."""
     parsed: dict[str, Any] = (
@@ -58,8 +102,22 @@ def _master_kwargs() -> dict[str, Any]:
     return {k: parsed[k] for k in ("db", "username", "password") if parsed.get(k) is not None}
 
 
+def _cluster_kwargs() -> dict[str, Any]:
+    """username and password for the cluster's nodes, from REDIS_URL when it is set (a cluster
+    has only db 0, so REDIS_URL's db is not used)."""
+    return {k: v for k, v in _master_kwargs().items() if k != "db"}
+
+
 @lru_cache(maxsize=1)
 def get_redis() -> redis.Redis:
+    if cluster_mode():
+        # Typed as redis.Redis for callers: RedisCluster answers the same commands (one slot per
+        # call), and re-reads the slot map and retries when a slot moved (MOVED/ASK).
+        nodes = [redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                 for h, p in settings.REDIS_CLUSTER_NODES]
+        return cast(redis.Redis, redis.cluster.RedisCluster(
+            startup_nodes=nodes, health_check_interval=30, retry=Retry(_backoff(), 3),
+            **_cluster_kwargs()))
     if sentinel_mode():
         # redis-py's Sentinel classes are unannotated, hence the ignores and casts below.
         sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
@@ -68,8 +126,13 @@ def get_redis() -> redis.Redis:
         # the old master answering READONLY) reconnects to the master the sentinels name now.
         return cast(redis.Redis, sentinel.master_for(  # type: ignore[no-untyped-call]
             settings.REDIS_SENTINEL_MASTER, health_check_interval=30,
-            retry=Retry(_backoff(), 3), **_master_kwargs()))
-    return redis.Redis.from_url(redis_url(), health_check_interval=30)
+            retry=Retry(_backoff(), 3), **_pool_kwargs(), **_master_kwargs()))
+    return redis.Redis.from_url(redis_url(), health_check_interval=30, **_pool_kwargs())
+
+
+def new_redis() -> redis.Redis:
+    """A sync client of its own (not the process's shared one), in whichever mode is set."""
+    return get_redis.__wrapped__()
 
 
 ASYNC_MAX_CONNECTIONS = 512
@@ -83,15 +146,26 @@ def _new_async_client() -> aioredis.Redis:
     # A pool built this way gets no retry policy of its own (redis-py gives one only to
     # clients that build their pool): without it, the first command on a connection that a
     # Redis restart broke fails instead of reconnecting (seen as a 503 right after a restart).
+    if cluster_mode():
+        return _new_async_cluster()
     options: dict[str, Any] = {"max_connections": ASYNC_MAX_CONNECTIONS,
                                "timeout": ASYNC_POOL_TIMEOUT_S, "health_check_interval": 30,
-                               "retry": AsyncRetry(_backoff(), 3)}
+                               "retry": AsyncRetry(_backoff(), 3), **_pool_kwargs()}
     if sentinel_mode():
         return cast(aioredis.Redis, _async_sentinel().master_for(
             settings.REDIS_SENTINEL_MASTER, connection_pool_class=_BlockingSentinelPool,
             **options, **_master_kwargs()))
     pool = aioredis.BlockingConnectionPool.from_url(redis_url(), **options)
     return aioredis.Redis(connection_pool=pool)
+
+
+def _new_async_cluster() -> aioredis.Redis:
+    # redis-py's async cluster keeps one connection list per node and has no blocking pool (it
+    # raises at its cap), so the per-node cap is set well above a single Redis's.
+    nodes = [aiocluster.ClusterNode(h, p) for h, p in settings.REDIS_CLUSTER_NODES]
+    return cast(aioredis.Redis, aiocluster.RedisCluster(
+        startup_nodes=nodes, max_connections=ASYNC_MAX_CONNECTIONS * 4,
+        retry=AsyncRetry(_backoff(), 3), **_cluster_kwargs()))
 
 
 class _BlockingSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -110,8 +184,73 @@ def new_async_pool(**options: Any) -> aioredis.ConnectionPool:
     """
     if sentinel_mode():
         return aiosentinel.SentinelConnectionPool(  # type: ignore[no-untyped-call]
-            settings.REDIS_SENTINEL_MASTER, _async_sentinel(), **options, **_master_kwargs())
-    return aioredis.ConnectionPool.from_url(redis_url(), **options)
+            settings.REDIS_SENTINEL_MASTER, _async_sentinel(), **_pool_kwargs(),
+            **options, **_master_kwargs())
+    return aioredis.ConnectionPool.from_url(redis_url(), **_pool_kwargs(), **options)
+
+
+async def new_async_pool_for(slot_key: str, **options: Any) -> aioredis.ConnectionPool:
+    """A separate asyncio pool to the Redis that owns ``slot_key`` (the stream relay's blocking
+    connection): under Redis Cluster, the node serving the key's slot now; otherwise as
+    ``new_async_pool``. A slot that moves later answers MOVED: the caller drops the pool and
+    asks again (``refresh_slots`` first)."""
+    if not cluster_mode():
+        return new_async_pool(**options)
+    node = await _node_for(slot_key)
+    return aioredis.ConnectionPool(host=node.host, port=node.port, **options,
+                                   **_pool_kwargs(), **_cluster_kwargs())
+
+
+async def _node_for(slot_key: str) -> Any:
+    client = cast(Any, get_async_redis())
+    await client.initialize()
+    return client.get_node_from_key(slot_key)
+
+
+async def refresh_slots() -> None:
+    """Re-read the cluster's slot map (after a MOVED seen outside redis-py's own routing)."""
+    if cluster_mode():
+        await cast(Any, get_async_redis()).nodes_manager.initialize()
+
+
+_node_pools: LoopLocal[dict[tuple[str, int], aioredis.ConnectionPool]] = LoopLocal(dict)
+
+
+async def async_pool_for(client: aioredis.Redis, slot_key: str) -> aioredis.ConnectionPool:
+    """The pool to send hand-packed commands on (the worker's step batch) for ``slot_key``'s
+    slot: ``client``'s own, or under Redis Cluster one kept per node for this event loop."""
+    if not cluster_mode():
+        return client.connection_pool
+    node = await _node_for(slot_key)
+    pools = _node_pools.get()
+    pool = pools.get((node.host, node.port))
+    if pool is None:
+        pool = aioredis.ConnectionPool(host=node.host, port=node.port, **_pool_kwargs(),
+                                       **_cluster_kwargs())
+        pools[(node.host, node.port)] = pool
+    return pool
+
+
+_pubsub_attempts = itertools.count()
+
+
+def new_async_pubsub_client() -> aioredis.Redis:
+    """A client to SUBSCRIBE with: close its PubSub, not the client (shared outside a cluster).
+
+    Under Redis Cluster, PUBLISH reaches the subscribers on every node, so a subscriber talks
+    to any one node through a plain client; each call takes the next of REDIS_CLUSTER_NODES, so
+    a subscriber that lost its node resubscribes on another.
+    """
+    if not cluster_mode():
+        return get_async_redis()
+    nodes = settings.REDIS_CLUSTER_NODES
+    host, port = nodes[next(_pubsub_attempts) % len(nodes)]
+    return aioredis.Redis(host=host, port=port, **_pool_kwargs(), **_cluster_kwargs())
+
+
+def new_async_redis() -> aioredis.Redis:
+    """An asyncio client of its own (the caller closes it), in whichever mode is set."""
+    return _new_async_client()
 
 
 async_clients: LoopLocal[aioredis.Redis] = LoopLocal(_new_async_client)
@@ -129,3 +268,32 @@ def get_async_redis() -> aioredis.Redis:
 def key(*parts: object) -> str:
     """A namespaced Redis key: ``key("bucket", tenant_id)`` -> ``igw:bucket:42``."""
     return ":".join([settings.REDIS_KEY_PREFIX, *(str(p) for p in parts)])
+
+
+def tag(kind: str, ident: object) -> str:
+    """A Redis Cluster hash tag: every key holding the same tag hashes to the same slot.
+
+    Only the part between the first ``{`` and the next ``}`` is hashed, so an id with a ``}``
+    would end the tag early; ids here are numbers and pool names (no braces, ``serving.wfq``).
+    """
+    return f"{{{kind}.{ident}}}"
+
+
+def tenant_tag(tenant_id: object) -> str:
+    """The slot of a tenant's admission state: its buckets, counters and its keys' ones."""
+    return tag("t", tenant_id)
+
+
+def pool_tag(pool: object) -> str:
+    """The slot of a pool's queues, workers, requests and their token streams."""
+    return tag("p", pool)
+
+
+def pool_key(kind: str, pool: object, *parts: object) -> str:
+    """``kind:{p.POOL}:parts...``: a key on the pool's slot."""
+    return key(kind, pool_tag(pool), *parts)
+
+
+def tenant_key(kind: str, tenant_id: object, *parts: object) -> str:
+    """``kind:{t.TENANT}:parts...``: a key on the tenant's slot."""
+    return key(kind, tenant_tag(tenant_id), *parts)

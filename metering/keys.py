@@ -1,21 +1,36 @@
 """The Redis keys of the usage pipeline: settlement pushes onto ``pending``, the writer drains it.
 
 Separate from ``metering.writer`` so the serving core can name the queue it feeds without
-importing the ORM.
+importing the ORM. Settlement pushes a request's usage record in the script that settles it, on
+the request's pool's slot (ADR 0018), so each pool has its own queue; the writer drains every
+pool in ``pools_key()``.
 """
 
 from __future__ import annotations
 
-from infra.redis_conn import key
+from infra.redis_conn import key, pool_tag
 
 
-def pending_key() -> str:
+def pools_key() -> str:
+    """Every pool that has (had) a key on its slot: requests, usage records, workers.
+
+    A pool is added before its first such key is written (admission, a worker's heartbeat), so
+    the janitor and the usage writer, which walk the pools, miss none.
+    """
+    return key("pools")
+
+
+def pending_key(pool: str) -> str:
     """Usage records (JSON, counts only) that settlement pushed and no writer has claimed."""
-    return key("usage", "pending")
+    return key("usage", pool_tag(pool), "pending")
 
 
-def processing_key() -> str:
-    return key("usage", "processing")
+def processing_key(pool: str) -> str:
+    return key("usage", pool_tag(pool), "processing")
+
+
+def lease_key(pool: str) -> str:
+    return key("usage", pool_tag(pool), "writer_lease")
 
 
 def dead_key() -> str:

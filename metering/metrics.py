@@ -33,7 +33,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key, pool_key, tenant_key
+from metering.keys import pools_key
 from metering.models import UsageRecord
 from tenants.models import Tenant
 
@@ -135,14 +136,16 @@ def _read_counters(r: Any, tenant_ids: list[int]
         pipe.hgetall(name)
     pipe.hgetall(rejected_key())
     if tenant_ids:
-        pipe.mget([key("streams", "tenant", pk) for pk in tenant_ids])
+        # One GET each, not an MGET: each tenant's counter is on its own slot (ADR 0018).
+        for pk in tenant_ids:
+            pipe.get(tenant_key("streams", pk, "tenant"))
     replies = pipe.execute()
     per_tm = []
     for name, raw in zip(names, replies, strict=False):
         tenant, model = name.split(":tm:", 1)[1].split(":", 1)
         per_tm.append((tenant, model, {k.decode(): v.decode() for k, v in raw.items()}))
     rejected = {k.decode(): int(v) for k, v in replies[len(names)].items()}
-    counts = replies[len(names) + 1] if tenant_ids else []
+    counts = replies[len(names) + 1:]
     streams = {pk: int(v) for pk, v in zip(tenant_ids, counts, strict=True) if v and int(v)}
     return per_tm, rejected, streams
 
@@ -179,17 +182,17 @@ def _tenant_model_metrics(per_tm: Series,
 def _pool_metrics(r: Any) -> Iterator[Metric]:
     """Per pool, from the queue and the live workers' heartbeat load (two pipelined trips)."""
     cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
-    pools = sorted(p.decode() for p in r.smembers(key("pools")))
+    pools = sorted(p.decode() for p in r.smembers(pools_key()))
     pipe = r.pipeline(transaction=False)
     for pool in pools:
-        pipe.hlen(key("wfq", pool, "items"))
-        pipe.zrangebyscore(key("workers", pool), cutoff, "+inf")
+        pipe.hlen(pool_key("wfq", pool, "items"))
+        pipe.zrangebyscore(pool_key("workers", pool), cutoff, "+inf")
     first = pipe.execute()
     pipe = r.pipeline(transaction=False)
     owners = []
     for i, pool in enumerate(pools):
         for wid in first[2 * i + 1]:
-            pipe.hmget(key("worker", wid.decode(), "load"), *LOAD_FIELDS)
+            pipe.hmget(pool_key("worker", pool, wid.decode(), "load"), *LOAD_FIELDS)
             owners.append(pool)
     rows: dict[str, dict[str, float]] = {
         pool: defaultdict(float, queued=float(first[2 * i])) for i, pool in enumerate(pools)}

@@ -1,6 +1,8 @@
 """Drain ``usage:pending`` into ``UsageRecord`` in batches, losing and duplicating nothing.
 
-Settlement pushes one JSON record per request onto ``usage:pending`` (``serving.settlement``).
+Settlement pushes one JSON record per request onto its pool's ``usage:{p.POOL}:pending``
+(``serving.settlement``; one queue per pool so the push shares the settling script's slot, ADR
+0018). The writer drains every pool's queue in turn, each under that pool's own lease.
 The writer moves a batch to ``usage:processing`` and inserts it; the batch leaves Redis only
 after the transaction that holds it has committed. Invariants:
 
@@ -26,9 +28,16 @@ from typing import Any
 from django.db import transaction
 
 from infra.leased_queue import LeasedQueue
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis
 from metering import metrics
-from metering.keys import dead_key, dirty_hours_key, pending_key, processing_key
+from metering.keys import (
+    dead_key,
+    dirty_hours_key,
+    lease_key,
+    pending_key,
+    pools_key,
+    processing_key,
+)
 from metering.models import UsageRecord
 
 log = logging.getLogger(__name__)
@@ -45,17 +54,27 @@ class FlushResult:
     hours: set[datetime] = field(default_factory=set)
 
 
-def _queue() -> LeasedQueue:
-    return LeasedQueue(pending_key(), processing_key(), key("usage", "writer_lease"), LEASE_MS)
+def _queue(pool: str) -> LeasedQueue:
+    return LeasedQueue(pending_key(pool), processing_key(pool), lease_key(pool), LEASE_MS)
 
 
 def flush(batch_size: int = BATCH_SIZE, max_batches: int = 100) -> FlushResult | None:
-    """Write pending usage records. None if another writer holds the lease right now."""
-    client, queue = get_redis(), _queue()
+    """Write every pool's pending usage records. None if other writers hold every pool's lease
+    right now (and there is a pool)."""
+    client = get_redis()
+    result, held = FlushResult(), 0
+    pools = sorted(p.decode() for p in client.smembers(pools_key()))
+    for pool in pools:
+        held += not _flush_pool(client, _queue(pool), batch_size, max_batches, result)
+    return None if pools and held == len(pools) else result
+
+
+def _flush_pool(client: Any, queue: LeasedQueue, batch_size: int, max_batches: int,
+                result: FlushResult) -> bool:
+    """One pool's queue; False if another writer holds its lease."""
     token = queue.acquire(client)
     if token is None:
-        return None
-    result = FlushResult()
+        return False
     try:
         # A claim hands back what a crashed writer left first, then new records.
         for _ in range(max_batches):
@@ -67,7 +86,7 @@ def flush(batch_size: int = BATCH_SIZE, max_batches: int = 100) -> FlushResult |
                 break
     finally:
         queue.unlock(client, token)
-    return result
+    return True
 
 
 def _write_batch(client: Any, queue: LeasedQueue, token: str, raw: list[bytes],
@@ -80,7 +99,9 @@ def _write_batch(client: Any, queue: LeasedQueue, token: str, raw: list[bytes],
     result.rejected += len(bad)
     hours = {hour_of(r.finished_at) for r in records}
     result.hours |= hours
-    pipe = client.pipeline()
+    # Not a transaction: under Redis Cluster these keys live on several nodes. A crash part way
+    # loses no more than a crash between the commit above and this pipeline always could.
+    pipe = client.pipeline(transaction=False)
     if bad:
         # Kept, not dropped: a record we cannot parse is a bug to look at, and still a bill.
         pipe.rpush(dead_key(), *bad)

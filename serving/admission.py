@@ -10,12 +10,21 @@ The life of a request's charges, between "admitted" and "settled":
 ``admit`` charges the prompt to the tenant's and the key's input buckets, ``max_output_tokens``
 to both output buckets, one concurrency slot each and one open stream each, or charges nothing.
 ``claim`` hands a dispatched request and its payload to one worker; ``cancel`` flags it so
-whoever holds it ends it. The invariants are written in ``serving/lua/admit.lua`` and
-``settle.lua``; ``tests/test_accounting.py`` tries to break them.
+whoever holds it ends it. The invariants are written in ``serving/lua/admit.lua``,
+``open.lua``, ``settle.lua`` and ``release.lua``; ``tests/test_accounting.py`` tries to break
+them.
+
+Two slots (ADR 0018): a tenant's buckets and counters (and its keys') carry the tenant's hash
+tag, a request's state carries its pool's. So admission is two atomic steps: ``admit.lua``
+charges on the tenant's slot and leaves a release token, then ``open.lua`` writes the request
+on the pool's slot; settlement is ``settle.lua`` on the pool's slot, then ``release.lua`` on
+the tenant's, which gives back only while it can take the token. A process that dies between
+two steps leaves a token that expires, and the tenant's next admission releases its counters.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Mapping
@@ -25,14 +34,17 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from infra.redis_conn import get_async_redis, get_redis, key
-from serving.keys import deadlines_key, inflight_key, req_key
+from infra.redis_conn import get_async_redis, get_redis, tenant_key
+from serving.keys import deadlines_key, inflight_key, pools_key, req_key
 from serving.lua import script
 from serving.wire import PAYLOAD_FIELDS, text
 
 log = logging.getLogger(__name__)
 
 DEADLINE_GRACE_S = 30.0  # the janitor's backstop settles a request this long after its deadline
+# A release token outlives the janitor's backstop by this much, so the backstop's release comes
+# first and admit.lua's prune of an expired token is only for a process that died mid-way.
+RELEASE_TOKEN_GRACE_S = 120.0
 
 
 class Reason:
@@ -49,19 +61,35 @@ class Reason:
 # -- keys -------------------------------------------------------------------------------------
 
 
+def bucket_key(tenant_id: object, scope: str, ident: object, kind: str) -> str:
+    """A token bucket (``kind`` "in" or "out") of the tenant (``scope`` "tenant") or of one of
+    its keys (``scope`` "key", ``ident`` the key's id), on the tenant's slot."""
+    if scope == "tenant":
+        return tenant_key("bucket", tenant_id, "tenant", kind)
+    return tenant_key("bucket", tenant_id, "key", ident, kind)
+
+
+def counter_key(name: str, tenant_id: object, scope: str = "tenant", ident: object = None) -> str:
+    """A ``conc`` or ``streams`` counter of the tenant or one of its keys, on the tenant's slot."""
+    if scope == "tenant":
+        return tenant_key(name, tenant_id, "tenant")
+    return tenant_key(name, tenant_id, "key", ident)
+
+
 def _bucket_keys(tenant_id: object, key_id: object) -> list[str]:
-    return [
-        key("bucket", "tenant", tenant_id, "in"), key("bucket", "tenant", tenant_id, "out"),
-        key("bucket", "key", key_id, "in"), key("bucket", "key", key_id, "out"),
-    ]
+    return [bucket_key(tenant_id, scope, key_id, kind)
+            for scope in ("tenant", "key") for kind in ("in", "out")]
 
 
 def counter_keys(tenant_id: object, key_id: object) -> list[str]:
     """Concurrency (tenant, key) then open streams (tenant, key)."""
-    return [
-        key("conc", "tenant", tenant_id), key("conc", "key", key_id),
-        key("streams", "tenant", tenant_id), key("streams", "key", key_id),
-    ]
+    return [counter_key(name, tenant_id, scope, key_id)
+            for name in ("conc", "streams") for scope in ("tenant", "key")]
+
+
+def token_keys(tenant_id: object) -> list[str]:
+    """The tenant's release tokens (zset) and what each releases (hash): admit.lua, release.lua."""
+    return [tenant_key("charges", tenant_id), tenant_key("charges", tenant_id, "what")]
 
 
 # -- limits -----------------------------------------------------------------------------------
@@ -171,32 +199,48 @@ class Rejected:
 # -- admit ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _AdmitCalls:
+    """The two steps of an admission: charge (tenant's slot), then open (pool's slot)."""
+
+    charge_keys: list[str]
+    charge_args: list[Any]
+    open_keys: list[str]
+    open_args: list[Any]
+    pool: str
+
+
 def _admit_call(
     *, request_id: str, tenant_id: object, key_id: object, pool: str, model: str,
     prompt_tokens: int, max_output_tokens: int, stream: bool, limits: AdmissionLimits,
     now: float | None, extra: Mapping[str, str | bytes | int | float] | None,
-) -> tuple[list[str], list[Any]]:
+) -> _AdmitCalls:
     if prompt_tokens < 0 or max_output_tokens < 0:
         raise ValueError("token counts cannot be negative")
-    keys = [req_key(request_id), deadlines_key(), *_bucket_keys(tenant_id, key_id),
-            *counter_keys(tenant_id, key_id)]
-    buckets = [*limits.tenant.buckets(), *limits.key.buckets()]
-    args: list[Any] = [
-        request_id, "" if now is None else repr(float(now)), prompt_tokens, max_output_tokens,
-        int(stream), limits.total_deadline_s + DEADLINE_GRACE_S,
-    ]
-    for rate, burst in buckets:
+    buckets, tokens = _bucket_keys(tenant_id, key_id), token_keys(tenant_id)
+    rates = [*limits.tenant.buckets(), *limits.key.buckets()]
+    when = "" if now is None else repr(float(now))
+    backstop = limits.total_deadline_s + DEADLINE_GRACE_S
+    args: list[Any] = [request_id, when, prompt_tokens, max_output_tokens, int(stream),
+                       backstop + RELEASE_TOKEN_GRACE_S]
+    for rate, burst in rates:
         args += [rate, burst]
     args += [limits.tenant.concurrent_requests or 0, limits.key.concurrent_requests or 0,
              limits.tenant.open_streams or 0, limits.key.open_streams or 0]
     fields: dict[str, Any] = {
+        "p": prompt_tokens, "o": max_output_tokens, "stream": int(stream),
+        "tk": tokens[0], "tw": tokens[1],
         "tenant": tenant_id, "key": "" if key_id is None else key_id, "pool": pool, "model": model,
         "ttft_s": limits.ttft_deadline_s, "total_s": limits.total_deadline_s,
     }
+    for i, (bucket, (rate, burst)) in enumerate(zip(buckets, rates, strict=True), start=1):
+        fields.update({f"b{i}": bucket, f"r{i}": rate, f"x{i}": burst})
     fields.update(extra or {})
+    open_args: list[Any] = [request_id, when, backstop]
     for name, value in fields.items():
-        args += [name, value]
-    return keys, args
+        open_args += [name, value]
+    return _AdmitCalls([*tokens, *buckets, *counter_keys(tenant_id, key_id)], args,
+                       [req_key(pool, request_id), deadlines_key(pool)], open_args, pool)
 
 
 def _parse_admit(request_id: str, raw: list[Any]) -> Admitted | Rejected:
@@ -207,23 +251,44 @@ def _parse_admit(request_id: str, raw: list[Any]) -> Admitted | Rejected:
     return Rejected(request_id, reason, scope, int(retry), info)
 
 
+def _duplicate(request_id: str) -> Rejected:
+    return Rejected(request_id, Reason.DUPLICATE, "", 0, RateLimitInfo(-1, -1, -1, -1, 0.0))
+
+
+def _unwind_args(calls: _AdmitCalls) -> tuple[list[str], list[Any]]:
+    """release.lua giving back every charge of an admission whose open step refused the id."""
+    c = calls.charge_args
+    amounts = [c[2], c[3], c[2], c[3]]
+    return ([*calls.charge_keys[:6]],
+            [c[0], c[1], *amounts, *c[6:14]])
+
+
 def admit(
     *, request_id: str, tenant_id: object, key_id: object, pool: str, model: str,
     prompt_tokens: int, max_output_tokens: int, stream: bool, limits: AdmissionLimits,
     now: float | None = None, extra: Mapping[str, Any] | None = None,
     client: redis.Redis | None = None,
 ) -> Admitted | Rejected:
-    """Charge every limit of one request or none (``serving/lua/admit.lua``).
+    """Charge every limit of one request or none (``serving/lua/admit.lua``), then write the
+    request on its pool's slot (``open.lua``).
 
-    ``now`` overrides Redis TIME (virtual-time simulations); ``extra`` fields go into req:{rid}.
+    ``now`` overrides Redis TIME (virtual-time simulations); ``extra`` fields go into req.
     """
-    keys, args = _admit_call(
+    calls = _admit_call(
         request_id=request_id, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, stream=stream,
         limits=limits, now=now, extra=extra,
     )
-    raw = script("admit").run(client or get_redis(), keys, args)
-    return _parse_admit(request_id, raw)
+    r = client or get_redis()
+    result = _parse_admit(request_id, script("admit").run(r, calls.charge_keys,
+                                                          calls.charge_args))
+    if not isinstance(result, Admitted):
+        return result
+    r.sadd(pools_key(), pool)  # before the pool's first key: the janitor walks the pools
+    if not script("open").run(r, calls.open_keys, calls.open_args):
+        script("release").run(r, *_unwind_args(calls))
+        return _duplicate(request_id)
+    return result
 
 
 async def admit_async(
@@ -232,13 +297,24 @@ async def admit_async(
     now: float | None = None, extra: Mapping[str, Any] | None = None,
     client: aioredis.Redis | None = None,
 ) -> Admitted | Rejected:
-    keys, args = _admit_call(
+    calls = _admit_call(
         request_id=request_id, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, stream=stream,
         limits=limits, now=now, extra=extra,
     )
-    raw = await script("admit").run_async(client or get_async_redis(), keys, args)
-    return _parse_admit(request_id, raw)
+    r = client or get_async_redis()
+    raw = await script("admit").run_async(r, calls.charge_keys, calls.charge_args)
+    result = _parse_admit(request_id, raw)
+    if not isinstance(result, Admitted):
+        return result
+    # The pool joins ``pools`` (the janitor and the usage writer walk it) alongside open, on
+    # another connection, so it adds no wait; either lands before their next pass.
+    opened, _ = await asyncio.gather(script("open").run_async(r, calls.open_keys, calls.open_args),
+                                     r.sadd(pools_key(), pool))
+    if not opened:
+        await script("release").run_async(r, *_unwind_args(calls))
+        return _duplicate(request_id)
+    return result
 
 
 # -- claim and cancel -------------------------------------------------------------------------
@@ -252,12 +328,12 @@ class Claim:
 
 
 async def claim_async(
-    rid: str, worker_id: str, *, client: aioredis.Redis | None = None
+    pool: str, rid: str, worker_id: str, *, client: aioredis.Redis | None = None
 ) -> Claim | None:
     """Take a dispatched request: queued -> running, handing over and deleting its payload."""
     raw = await script("claim").run_async(
-        client or get_async_redis(), [req_key(rid)],
-        [worker_id, inflight_key(worker_id), "", *PAYLOAD_FIELDS],
+        client or get_async_redis(), [req_key(pool, rid)],
+        [worker_id, inflight_key(pool, worker_id), "", *PAYLOAD_FIELDS],
     )
     if text(raw[0]) != "1":
         return None
@@ -271,16 +347,18 @@ def _parse_cancel(raw: list[Any]) -> tuple[str, str, str] | None:
 
 
 def mark_cancel(
-    rid: str, reason: str, client: redis.Redis | None = None
+    pool: str, rid: str, reason: str, client: redis.Redis | None = None
 ) -> tuple[str, str, str] | None:
     """Flag req:{rid} cancelled; (state, pool, tenant) or None if nothing is left to cancel."""
-    return _parse_cancel(script("cancel").run(client or get_redis(), [req_key(rid)], [reason]))
+    return _parse_cancel(script("cancel").run(client or get_redis(), [req_key(pool, rid)],
+                                              [reason]))
 
 
 async def mark_cancel_async(
-    rid: str, reason: str, client: aioredis.Redis | None = None
+    pool: str, rid: str, reason: str, client: aioredis.Redis | None = None
 ) -> tuple[str, str, str] | None:
-    raw = await script("cancel").run_async(client or get_async_redis(), [req_key(rid)], [reason])
+    raw = await script("cancel").run_async(client or get_async_redis(), [req_key(pool, rid)],
+                                           [reason])
     return _parse_cancel(raw)
 
 

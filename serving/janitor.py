@@ -13,6 +13,9 @@ worker, the gateway, a Celery beat task) can run at the same time:
    older than ``GATEWAY_DEAD_AFTER_SECONDS`` is claimed by exactly one janitor (``ZREM``) and
    each request it was relaying, unless a live gateway relays it now (a resumed stream), is
    cancelled with reason ``gateway_lost``: nobody is left to read it.
+Pools are walked through ``pools``: a request's keys and its ``deadlines`` entry live on its
+pool's slot (ADR 0018).
+
 3. Overdue requests. Any request still unsettled past its ``deadlines`` score (admission + total
    deadline + grace: the gateway that held it is gone, or nobody settled it) is flagged, removed
    from its queue if still queued, settled as ``expired`` with a non-retryable
@@ -27,10 +30,10 @@ from dataclasses import dataclass, field
 import redis
 from django.conf import settings
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis
 from serving import liveness, transport, wfq
 from serving.admission import mark_cancel
-from serving.keys import deadlines_key, inflight_key
+from serving.keys import deadlines_key, inflight_key, pools_key, worker_key, workers_key
 from serving.lua import script
 from serving.settlement import Status, settle
 from serving.wire import FinishReason, text, usage_of
@@ -74,38 +77,41 @@ def sweep(client: redis.Redis | None = None, *, now: float | None = None) -> Swe
 def reap_dead_workers(r: redis.Redis, report: SweepReport | None = None) -> SweepReport:
     report = report or SweepReport()
     cutoff = _redis_now(r) - settings.WORKER_DEAD_AFTER_SECONDS
-    for raw_pool in r.smembers(key("pools")):
-        pool = text(raw_pool)
-        for raw_wid in r.zrangebyscore(key("workers", pool), "-inf", cutoff):
+    for pool in _pools(r):
+        for raw_wid in r.zrangebyscore(workers_key(pool), "-inf", cutoff):
             wid = text(raw_wid)
             if reap_worker(r, pool, wid, report):
                 report.dead_workers.append(wid)
     return report
 
 
+def _pools(r: redis.Redis) -> list[str]:
+    return sorted(text(p) for p in r.smembers(pools_key()))
+
+
 def reap_worker(r: redis.Redis, pool: str, wid: str, report: SweepReport) -> bool:
     """Fail and settle every request of a dead worker; True once the worker is forgotten."""
     marked = script("reap_mark").run(
-        r, [key("workers", pool), key("worker", wid, "reaped")],
+        r, [workers_key(pool), worker_key(pool, wid, "reaped")],
         [wid, settings.WORKER_DEAD_AFTER_SECONDS, REAPED_MARK_TTL_S],
     )
     if not marked:
         return False  # it beat in time after all
-    inflight = inflight_key(wid)
+    inflight = inflight_key(pool, wid)
     for raw in r.smembers(inflight):
         rid = text(raw)
-        if fail_lost_request(r, rid, inflight):
+        if fail_lost_request(r, pool, rid, inflight):
             report.lost_requests.append(rid)
         r.srem(inflight, rid)  # settled now or before (or its state expired): not in flight
     done = script("reap_finish").run(
-        r, [key("workers", pool), inflight, key("worker", wid, "load")], [wid])
+        r, [workers_key(pool), inflight, worker_key(pool, wid, "load")], [wid])
     return bool(done)
 
 
-def fail_lost_request(r: redis.Redis, rid: str, inflight: str) -> bool:
+def fail_lost_request(r: redis.Redis, pool: str, rid: str, inflight: str) -> bool:
     """End a request whose worker died: retryable error, billed for what was delivered."""
     return settle(
-        rid, status=Status.ERROR, finish_reason=None, prompt_tokens=None, output_tokens=None,
+        pool, rid, status=Status.ERROR, finish_reason=None, prompt_tokens=None, output_tokens=None,
         error_code="worker_lost", inflight=inflight, client=r,
         event=transport.error_event(
             "worker_lost", "The model server handling this request stopped; please retry.",
@@ -122,24 +128,25 @@ def reap_dead_gateways(r: redis.Redis, report: SweepReport | None = None) -> Swe
             continue  # another janitor claimed it
         live = [text(g) for g in r.zrange(liveness.gateways_key(), 0, -1)]
         for raw in r.smembers(liveness.rids_key(gid)):
-            rid = text(raw)
-            if any(r.sismember(liveness.rids_key(g), rid) for g in live):
+            held = text(raw)
+            if any(r.sismember(liveness.rids_key(g), held) for g in live):
                 continue  # resumed on a live gateway
-            if cancel_orphan(r, rid):
+            pool, rid = liveness.parse_member(held)
+            if cancel_orphan(r, pool, rid):
                 report.orphaned_requests.append(rid)
         r.delete(liveness.rids_key(gid))
     return report
 
 
-def cancel_orphan(r: redis.Redis, rid: str) -> bool:
+def cancel_orphan(r: redis.Redis, pool: str, rid: str) -> bool:
     """Cancel a request nobody reads any more, as a client hang-up would (see submission)."""
-    found = mark_cancel(rid, "gateway_lost", client=r)
+    found = mark_cancel(pool, rid, "gateway_lost", client=r)
     if found is None:
         return False  # already settled
-    state, pool, tenant = found
+    state, _, tenant = found
     if state == "queued" and wfq.remove(pool, tenant, rid):
         return settle(
-            rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
+            pool, rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
             output_tokens=0, error_code="gateway_lost", client=r,
             event=transport.finish_event(FinishReason.ABORT, usage_of(0, 0, 0)))
     transport.publish_cancel_sync(pool, rid, "gateway_lost")
@@ -150,23 +157,24 @@ def settle_overdue(r: redis.Redis, report: SweepReport | None = None, *,
                    now: float | None = None) -> SweepReport:
     report = report or SweepReport()
     cutoff = _redis_now(r) if now is None else now
-    for raw in r.zrangebyscore(deadlines_key(), "-inf", cutoff, start=0,
-                               num=OVERDUE_BATCH):
-        rid = text(raw)
-        if expire_request(r, rid, now=now):
-            report.expired_requests.append(rid)
+    for pool in _pools(r):
+        for raw in r.zrangebyscore(deadlines_key(pool), "-inf", cutoff, start=0,
+                                   num=OVERDUE_BATCH):
+            rid = text(raw)
+            if expire_request(r, pool, rid, now=now):
+                report.expired_requests.append(rid)
     return report
 
 
-def expire_request(r: redis.Redis, rid: str, *, now: float | None = None) -> bool:
-    found = mark_cancel(rid, "deadline_exceeded", client=r)
+def expire_request(r: redis.Redis, pool: str, rid: str, *, now: float | None = None) -> bool:
+    found = mark_cancel(pool, rid, "deadline_exceeded", client=r)
     if found is None:  # settled (or its state is gone): only the zset entry is left
-        r.zrem(deadlines_key(), rid)
+        r.zrem(deadlines_key(pool), rid)
         return False
-    state, pool, tenant = found
+    state, _, tenant = found
     removed = state == "queued" and wfq.remove(pool, tenant, rid)
     won = settle(
-        rid, status=Status.EXPIRED, prompt_tokens=0 if removed else None,
+        pool, rid, status=Status.EXPIRED, prompt_tokens=0 if removed else None,
         output_tokens=0 if removed else None, error_code="deadline_exceeded", now=now, client=r,
         event=transport.error_event(
             "deadline_exceeded", "The request passed its deadline and was cancelled.",

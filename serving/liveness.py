@@ -40,6 +40,17 @@ def gateways_key() -> str:
     return key("gateways")
 
 
+def member(pool: str, rid: str) -> str:
+    """A request as ``gateway:{gid}:rids`` holds it: its pool too, which its keys need."""
+    return f"{pool}\t{rid}"
+
+
+def parse_member(value: str) -> tuple[str, str]:
+    """(pool, rid) of a ``member``."""
+    pool, _, rid = value.partition("\t")
+    return pool, rid
+
+
 def rids_key(gid: str) -> str:
     return key("gateway", gid, "rids")
 
@@ -108,11 +119,11 @@ def registry() -> Registry:
 
 
 @contextlib.contextmanager
-def holding(rid: str) -> Iterator[None]:
+def holding(pool: str, rid: str) -> Iterator[None]:
     """While the body runs, this gateway relays ``rid`` (see the module docstring)."""
-    reg = registry()
-    reg.hold(rid)
+    reg, held = registry(), member(pool, rid)
+    reg.hold(held)
     try:
         yield
     finally:
-        reg.release(rid)
+        reg.release(held)

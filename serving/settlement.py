@@ -1,9 +1,11 @@
 """Settlement: refund, release and record a request exactly once, whoever ends it.
 
-``settle`` runs once per request whoever calls it first (worker, gateway, janitor): it refunds
-the unused output, reconciles the prompt with the engine's count, releases the slots, removes
-the request from the deadlines backstop and its worker's in-flight set, and pushes exactly one
-usage record (counts and timings, never text) onto ``usage:pending``, all in ``settle.lua``.
+``settle`` runs once per request whoever calls it first (worker, gateway, janitor): it removes
+the request from the deadlines backstop and its worker's in-flight set and pushes exactly one
+usage record (counts and timings, never text) onto its pool's ``usage:pending``, all in
+``settle.lua`` on the pool's slot. The winner then runs ``release.lua`` on the tenant's slot: it
+refunds the unused output, reconciles the prompt with the engine's count and releases the
+slots, once, by taking the admission's release token (ADR 0018).
 Why once and in one script: docs/adr/0003-exactly-once-settlement.md. The request's way there
 is drawn in ``serving.admission``.
 """
@@ -54,13 +56,16 @@ class Settled:
     prompt_tokens: int
     output_tokens: int
     dispatched: bool
+    release_keys: list[str]  # release.lua's keys and arguments: the tenant-side give-back
+    release_args: list[Any]
 
 
 # -- settle -----------------------------------------------------------------------------------
 
 
 def settle_call(
-    rid: str, *, status: str, finish_reason: str | None = None, prompt_tokens: int | None = None,
+    pool: str, rid: str, *, status: str, finish_reason: str | None = None,
+    prompt_tokens: int | None = None,
     cached_tokens: int = 0, output_tokens: int | None = None, error_code: str | None = None,
     event: Mapping[str, str | int] | None = None, inflight: str | None = None,
     now: float | None = None,
@@ -71,7 +76,8 @@ def settle_call(
     delivered to the stream so far (the janitor's case: the engine's count died with it).
     ``event`` is the stream's final entry, written only if this call wins.
     """
-    keys = [req_key(rid), deadlines_key(), usage_pending_key(), stream_key(rid)]
+    keys = [req_key(pool, rid), deadlines_key(pool), usage_pending_key(pool),
+            stream_key(pool, rid)]
     args: list[Any] = [
         rid, "" if now is None else repr(float(now)), status, finish_reason or "",
         -1 if prompt_tokens is None else prompt_tokens, cached_tokens,
@@ -83,15 +89,58 @@ def settle_call(
     return keys, args
 
 
-def parse_settle(rid: str, raw: list[Any]) -> Settled | None:
+def parse_settle(rid: str, raw: list[Any], now: float | None = None) -> Settled | None:
     if text(raw[0]) != "1":
         return None
     vals = [text(v) for v in raw[1:]]
+    buckets = vals[11::4]
+    release_args: list[Any] = [rid, "" if now is None else repr(float(now)), *vals[12::4]]
+    for rate, burst in zip(vals[13::4], vals[14::4], strict=True):
+        release_args += [rate, burst]
     return Settled(
         request_id=rid, record=json.loads(vals[0]), pool=vals[1], tenant_id=vals[2],
         weight=float(vals[3] or 1), charged_prompt=int(vals[4]), charged_output=int(vals[5]),
         prompt_tokens=int(vals[6]), output_tokens=int(vals[7]), dispatched=vals[8] == "1",
+        release_keys=[vals[9], vals[10], *buckets], release_args=release_args,
     )
+
+
+def release(done: Settled, client: redis.Redis | None = None) -> bool:
+    """Give the tenant back what the settled request did not use (``release.lua``), once.
+
+    Only the settle winner calls this. If it fails or the process dies first, the token
+    expires and the tenant's next admission releases the counters (admit.lua, A5).
+    """
+    try:
+        return bool(script("release").run(client or get_redis(), done.release_keys,
+                                          done.release_args))
+    except redis.RedisError:
+        log.exception("release failed for %s; its token's expiry releases it", done.request_id)
+        return False
+
+
+async def release_async(done: Settled, client: aioredis.Redis | None = None) -> bool:
+    try:
+        return bool(await script("release").run_async(
+            client or get_async_redis(), done.release_keys, done.release_args))
+    except redis.RedisError:
+        log.exception("release failed for %s; its token's expiry releases it", done.request_id)
+        return False
+
+
+def finish(done: Settled, client: redis.Redis | None = None, *, wfq_correction: bool = True
+           ) -> None:
+    """What the settle winner does next, each step on its own slot: release, then correct WFQ."""
+    release(done, client)
+    if wfq_correction:
+        correct_wfq(done)
+
+
+async def finish_async(done: Settled, client: aioredis.Redis | None = None, *,
+                       wfq_correction: bool = True) -> None:
+    await release_async(done, client)
+    if wfq_correction:
+        await correct_wfq_async(done)
 
 
 def wfq_costs(done: Settled) -> tuple[float, float]:
@@ -133,36 +182,38 @@ async def correct_wfq_async(done: Settled) -> None:
 
 
 def settle(
-    rid: str, *, status: str, finish_reason: str | None = None, prompt_tokens: int | None = None,
+    pool: str, rid: str, *, status: str, finish_reason: str | None = None,
+    prompt_tokens: int | None = None,
     cached_tokens: int = 0, output_tokens: int | None = None, error_code: str | None = None,
     event: Mapping[str, str | int] | None = None, inflight: str | None = None,
     now: float | None = None, client: redis.Redis | None = None, wfq_correction: bool = True,
 ) -> bool:
     """Settle exactly once; True for the caller that did it, False for everyone else."""
     keys, args = settle_call(
-        rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+        pool, rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, output_tokens=output_tokens, error_code=error_code,
         event=event, inflight=inflight, now=now,
     )
-    done = parse_settle(rid, script("settle").run(client or get_redis(), keys, args))
-    if done and wfq_correction:
-        correct_wfq(done)
+    done = parse_settle(rid, script("settle").run(client or get_redis(), keys, args), now)
+    if done:
+        finish(done, client, wfq_correction=wfq_correction)
     return done is not None
 
 
 async def settle_async(
-    rid: str, *, status: str, finish_reason: str | None = None, prompt_tokens: int | None = None,
+    pool: str, rid: str, *, status: str, finish_reason: str | None = None,
+    prompt_tokens: int | None = None,
     cached_tokens: int = 0, output_tokens: int | None = None, error_code: str | None = None,
     event: Mapping[str, str | int] | None = None, inflight: str | None = None,
     now: float | None = None, client: aioredis.Redis | None = None, wfq_correction: bool = True,
 ) -> bool:
     keys, args = settle_call(
-        rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+        pool, rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, output_tokens=output_tokens, error_code=error_code,
         event=event, inflight=inflight, now=now,
     )
     raw = await script("settle").run_async(client or get_async_redis(), keys, args)
-    done = parse_settle(rid, raw)
-    if done and wfq_correction:
-        await correct_wfq_async(done)
+    done = parse_settle(rid, raw, now)
+    if done:
+        await finish_async(done, client, wfq_correction=wfq_correction)
     return done is not None

@@ -24,11 +24,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from infra.redis_conn import get_async_redis
 from serving import admission, liveness, settlement, transport, wfq
 from serving.admission import AdmissionLimits, Admitted, RateLimitInfo, Reason, Rejected
-from serving.keys import req_key
+from serving.keys import pools_key, req_key
 from serving.settlement import Status
 from serving.wire import (
     FinishReason,
@@ -143,8 +144,8 @@ class Submission:
         got_token = last_event_id != "0-0"
         first_by = self._started + self.ttft_deadline_s
         end_by = self._started + self.total_deadline_s
-        with transport.open_subscription(self.request_id, last_event_id) as sub, \
-                liveness.holding(self.request_id):
+        with transport.open_subscription(self.pool, self.request_id, last_event_id) as sub, \
+                liveness.holding(self.pool, self.request_id):
             self._sub = sub
             while True:
                 entry = await sub.next_before(end_by if got_token else first_by)
@@ -170,23 +171,23 @@ class Submission:
     async def cancel(self, reason: str = "client_disconnect") -> None:
         """Stop the request wherever it is; idempotent. Settles it if it was still queued."""
         if not self._ended:
-            await cancel_request(self.request_id, reason)
+            await cancel_request(self.pool, self.request_id, reason)
 
 
-async def cancel_request(rid: str, reason: str) -> bool:
+async def cancel_request(pool: str, rid: str, reason: str) -> bool:
     """Cancel by id (gateway or janitor). True if a cancel was issued, False if already settled.
 
     The flag is set first (cancel.lua). A request still in its queue is removed and settled here
     as cancelled with nothing billed (no accelerator work was done); one a worker holds is
     aborted through ``cancel:{pool}`` and the worker settles it with the engine's counts.
     """
-    found = await admission.mark_cancel_async(rid, reason)
+    found = await admission.mark_cancel_async(pool, rid, reason)
     if found is None:
         return False
-    state, pool, tenant = found
+    state, _, tenant = found
     if state == "queued" and await wfq.for_loop().remove(pool, tenant, rid):
         await settlement.settle_async(
-            rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
+            pool, rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
             output_tokens=0, error_code=reason,
             event=transport.finish_event(FinishReason.ABORT, usage_of(0, 0, 0)),
         )
@@ -250,8 +251,8 @@ async def submit(
         )
     except BaseException:
         # Not queued, so nobody else will end it: give the charge back now.
-        await settlement.settle_async(rid, status=Status.ERROR, prompt_tokens=0, output_tokens=0,
-                                      error_code="enqueue_failed")
+        await settlement.settle_async(pool, rid, status=Status.ERROR, prompt_tokens=0,
+                                      output_tokens=0, error_code="enqueue_failed")
         raise
     await _wake(pool)
     return Submission(rid, pool=pool, tenant_id=str(tenant_id), rate_limit=result.rate_limit,
@@ -268,6 +269,24 @@ async def _wake(pool: str) -> None:
     await pipe.execute()
 
 
+async def _find(request_id: str) -> list[Any]:
+    """The request's tenant, pool, deadlines and admission time, from whichever pool holds it.
+
+    Its state lives on its pool's slot and a reconnect names only the id, so every known pool
+    is asked (one pipelined round trip; pools are few, and a resume is rare).
+    """
+    r = get_async_redis()
+    pools = sorted(text(p) for p in await r.smembers(pools_key()))
+    pipe = r.pipeline(transaction=False)
+    for pool in pools:
+        pipe.hmget(req_key(pool, request_id), "tenant", "pool", "ttft_s", "total_s",
+                   "admitted_at")
+    for values in await pipe.execute() if pools else []:
+        if values[0] is not None:
+            return list(values)
+    return [None] * 5
+
+
 async def attach(request_id: str, tenant_id: int | str) -> Submission | None:
     """Re-open a request of this tenant (a reconnect with Last-Event-ID); None if unknown.
 
@@ -275,8 +294,7 @@ async def attach(request_id: str, tenant_id: int | str) -> Submission | None:
     """
     if not _RID.fullmatch(request_id):
         return None
-    values = await get_async_redis().hmget(
-        req_key(request_id), "tenant", "pool", "ttft_s", "total_s", "admitted_at")
+    values = await _find(request_id)
     tenant, pool, ttft, total, admitted = (text(v) if v else None for v in values)
     if tenant is None or tenant != str(tenant_id):
         return None  # another tenant's id reads as unknown (I1)

@@ -18,9 +18,11 @@ Entry fields, short because there is one entry per request per step:
 Streams are capped (MAXLEN ~) and expire a short while after the end, so a client that
 reconnects with ``Last-Event-ID`` can resume from any entry id until then.
 
-Reader (gateway): ONE task per process (per event loop) runs a multiplexed
-``XREAD BLOCK ... STREAMS k1 k2 ...`` over every open request of the process and feeds
-per-request asyncio queues. A new subscription interrupts the blocked read with
+Reader (gateway): ONE task per pool per process (per event loop) runs a multiplexed
+``XREAD BLOCK ... STREAMS k1 k2 ...`` over every open request of that pool in the process and
+feeds per-request asyncio queues. Per pool because a request's stream carries its pool's hash
+tag (ADR 0018): under Redis Cluster one XREAD may only name keys of one slot, and the pool's
+streams all share one. A new subscription interrupts the blocked read with
 ``CLIENT UNBLOCK`` so its stream joins the next read at once. One reader per process, not one
 blocking connection per stream, is what relays tens of thousands of tokens/s
 (``bench/sse_throughput.py``; the per-step writer's design: docs/adr/0007).
@@ -46,7 +48,15 @@ import redis
 import redis.asyncio as aioredis
 
 from infra.loop_local import LoopLocal
-from infra.redis_conn import get_async_redis, get_redis, key, new_async_pool
+from infra.redis_conn import (
+    async_pool_for,
+    get_async_redis,
+    get_redis,
+    key,
+    new_async_pool_for,
+    pool_tag,
+    refresh_slots,
+)
 from serving.keys import req_key, stream_key
 from serving.lua import script
 from serving.settlement import STREAM_MAXLEN
@@ -68,12 +78,18 @@ LOST_EVENT_ID = "18446744073709551615-0"  # after any real entry id, so every co
 
 
 def cancel_channel(pool: str) -> str:
+    # A channel, not a key: Redis Cluster delivers a PUBLISH to the subscribers on every node.
     return key("cancel", pool)
 
 
 def wake_key(pool: str) -> str:
     """A list the enqueue path pushes to, so an idle worker's BLPOP returns at once."""
-    return key("wake", pool)
+    return key("wake", pool_tag(pool))
+
+
+def worker_wake_key(pool: str, worker_id: str) -> str:
+    """A worker's own wake list, on its pool's slot: its BLPOP waits on this and ``wake_key``."""
+    return key("wake", pool_tag(pool), "worker", worker_id)
 
 
 # -- writer (worker) --------------------------------------------------------------------------
@@ -87,14 +103,26 @@ class StepBatch:
     settle (and the final entry that settle writes). The relay command is packed here rather
     than by redis-py: with 1,000 running streams it has 5,000 arguments a step, and redis-py's
     per-argument encoding was a third of the worker's time (bench/sse_throughput.py).
+
+    Every command of a batch is safe to send twice, so a batch whose connection fails is sent
+    again once, on a fresh connection, from the first command that got no reply: the relay
+    writes a request's step only while ``delivered`` still equals the count relayed before it
+    (``before``), and settle applies once per request.
     """
 
+    pool: str = ""  # every request of a batch is of this pool (one worker, one pool)
     tokens: dict[str, tuple[list[str], int]] = field(default_factory=dict)
     first: set[str] = field(default_factory=set)
+    # Per request, the tokens relayed before this batch: relay_step.lua's guard (R1).
+    before: dict[str, int] = field(default_factory=dict)
     settles: list[tuple[str, list[str], list[Any]]] = field(default_factory=list)
 
-    def add(self, rid: str, text: str, n: int, *, first: bool = False) -> None:
+    def add(self, rid: str, text: str, n: int, *, before: int, first: bool = False) -> None:
+        """``before``: the tokens of ``rid`` handed to earlier batches (its delivered count
+        once they are written)."""
         texts, count = self.tokens.get(rid, ([], 0))
+        if not texts:
+            self.before[rid] = before
         texts.append(text)
         self.tokens[rid] = (texts, count + n)
         if first:
@@ -109,14 +137,14 @@ class StepBatch:
     def _relay_command(self, stream_ttl: int) -> bytes:
         """EVAL relay_step.lua over every delta of the step, as one RESP command."""
         n = len(self.tokens)
-        stream_prefix, req_prefix = stream_key(""), req_key("")
+        stream_prefix, req_prefix = stream_key(self.pool, ""), req_key(self.pool, "")
         first = self.first
         keys: list[bytes] = []
         args: list[bytes] = [_bulk(str(STREAM_MAXLEN)), _bulk(str(stream_ttl))]
         for rid, (texts, count) in self.tokens.items():
             keys += (_bulk(stream_prefix + rid), _bulk(req_prefix + rid))
             args += (_bulk("".join(texts)), _bulk(str(count)),
-                     _ONE if rid in first else _ZERO)
+                     _ONE if rid in first else _ZERO, _bulk(str(self.before[rid])))
         head = b"*%d\r\n$4\r\nEVAL\r\n%s%s" % (
             3 + len(keys) + len(args), _relay_source(), _bulk(str(2 * n)))
         return b"".join((head, *keys, *args))
@@ -124,36 +152,65 @@ class StepBatch:
     async def flush(self, client: aioredis.Redis, stream_ttl: int) -> list[Any]:
         """Write the batch; returns the settle replies in the order they were added.
 
-        A settle that Redis refused comes back as its exception (the others still count); a
-        failed relay command or a lost connection raises, since tokens may be missing.
+        A settle that Redis refused comes back as its exception (the others still count). A
+        lost connection is retried once on a fresh one; a second loss, or a failed relay
+        command, raises, since tokens may be missing.
         """
         if not self:
             return []
-        commands: list[bytes] = []
-        if self.tokens:
-            commands.append(self._relay_command(stream_ttl))
-        settle = script("settle")
-        pool = client.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # unannotated in redis-py
-        try:
-            for _rid, keys, args in self.settles:
-                # EVAL with the body, as in a pipeline: NOSCRIPT could not be retried in order.
-                commands += conn.pack_command("EVAL", settle.source, len(keys), *keys, *args)
-            await conn.send_packed_command(commands)
-            replies: list[Any] = []
-            for _ in range(int(bool(self.tokens)) + len(self.settles)):
-                try:
-                    replies.append(await conn.read_response())
-                except redis.ResponseError as exc:  # read whole: the connection stays in step
-                    replies.append(exc)
-        finally:
-            await pool.release(conn)
+        # Every key of the batch is on the pool's slot: under Redis Cluster, its node's pool.
+        pool = await async_pool_for(client, stream_key(self.pool, ""))
+        commands: list[list[bytes]] = []
+        replies: list[Any] = []
+        for attempt in (1, 2):
+            conn = await pool.get_connection()  # type: ignore[no-untyped-call]  # unannotated
+            try:
+                if not commands:
+                    commands = self._pack(conn, stream_ttl)
+                await conn.send_packed_command(
+                    [chunk for command in commands[len(replies):] for chunk in command])
+                while len(replies) < len(commands):
+                    try:
+                        replies.append(await conn.read_response())
+                    except redis.ResponseError as exc:  # read whole: the connection stays in step
+                        replies.append(exc)
+                break
+            except redis.ConnectionError:
+                if attempt == 2:
+                    raise
+                # A connection the server closed after it was checked out (a restart, a
+                # failover): send what got no reply again, on a fresh connection.
+                log.warning("a step batch of pool %s lost its connection; sending it again",
+                            self.pool)
+            finally:
+                await pool.release(conn)
+        moved = next((r for r in replies if _moved(r)), None)
+        if moved is not None:
+            # The pool's slot moved (a reshard): learn its new owner, and fail the batch as a
+            # lost connection would, so the worker retries its settles there (safe: once).
+            await refresh_slots()
+            raise redis.ConnectionError(f"the pool's slot moved: {moved}")
         if self.tokens and isinstance(replies[0], Exception):
             raise replies[0]
         return replies[len(replies) - len(self.settles):] if self.settles else []
 
+    def _pack(self, conn: Any, stream_ttl: int) -> list[list[bytes]]:
+        """Each command of the batch as the chunks to send: the relay, then every settle."""
+        commands = [[self._relay_command(stream_ttl)]] if self.tokens else []
+        settle = script("settle")
+        for _rid, keys, args in self.settles:
+            # EVAL with the body, as in a pipeline: NOSCRIPT could not be retried in order.
+            commands.append(conn.pack_command("EVAL", settle.source, len(keys), *keys, *args))
+        return commands
+
 
 _ONE, _ZERO = b"$1\r\n1\r\n", b"$1\r\n0\r\n"
+
+
+def _moved(reply: object) -> bool:
+    """A Redis Cluster redirect: the key's slot is (being) served by another node."""
+    # redis-py parses the reply into MovedError / AskError (MovedError is an AskError).
+    return isinstance(reply, redis.exceptions.AskError)
 
 
 @cache
@@ -221,6 +278,7 @@ class Subscription:
 
     def __init__(self, owner: StreamReader, rid: str, last_id: str) -> None:
         self._owner = owner
+        self.pool = owner.pool
         self.rid = rid
         self.last_id = last_id
         self._last = _id_tuple(last_id)
@@ -304,7 +362,8 @@ class StreamReader:
     entry), and a burst of new subscriptions interrupts a blocked read once, not once each.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pool: str = "") -> None:
+        self.pool = pool  # every stream this reader reads is of this pool (one slot)
         self._subs: dict[str, list[Subscription]] = {}  # stream key -> subscriptions
         self._positions: dict[str, str] = {}  # stream key -> id the next read starts after
         # Pre-encoded command parts; both dicts always hold the same keys in the same order.
@@ -326,7 +385,7 @@ class StreamReader:
     def open(self, rid: str, last_id: str = "0-0") -> Subscription:
         """Start receiving stream:{rid} entries after ``last_id``; close() when done."""
         sub = Subscription(self, rid, last_id)
-        sk = stream_key(rid)
+        sk = stream_key(self.pool, rid)
         self._subs.setdefault(sk, []).append(sub)
         current = self._positions.get(sk)
         if current is None or _id_tuple(last_id) < _id_tuple(current):
@@ -370,7 +429,7 @@ class StreamReader:
             self._key_chunks[sk] = _bulk(sk)
 
     def _remove(self, sub: Subscription) -> None:
-        sk = stream_key(sub.rid)
+        sk = stream_key(self.pool, sub.rid)
         subs = self._subs.get(sk, [])
         if sub in subs:
             subs.remove(sub)
@@ -381,17 +440,19 @@ class StreamReader:
             self._id_chunks.pop(sk, None)
 
     async def _unblock(self) -> None:
-        if self._conn_id is None:
+        if self._conn_id is None or self._conn_pool is None:
             return
         with contextlib.suppress(Exception):
-            await get_async_redis().client_unblock(self._conn_id)
+            # Through the reader's own pool: the same Redis (cluster node) as the blocked read.
+            await aioredis.Redis(connection_pool=self._conn_pool).client_unblock(self._conn_id)
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="xread-relay")
 
     async def _connect(self) -> Any:
-        pool = new_async_pool(decode_responses=True, client_name=RELAY_CLIENT_NAME)
+        pool = await new_async_pool_for(stream_key(self.pool, ""), decode_responses=True,
+                                         client_name=RELAY_CLIENT_NAME)
         self._conn_pool = pool  # a Sentinel pool's connection refers to it weakly
         conn = pool.connection_class(**pool.connection_kwargs)
         await conn.connect()  # type: ignore[no-untyped-call]  # unannotated in redis-py
@@ -457,7 +518,7 @@ class StreamReader:
         stream_keys = list(self._subs)
         lost = []
         for sk in stream_keys:
-            await conn.send_command("EXISTS", req_key(self._subs[sk][0].rid))
+            await conn.send_command("EXISTS", req_key(self.pool, self._subs[sk][0].rid))
             if not int(await conn.read_response()):
                 lost.append(sk)
         self._fail(lost, "state_lost", "The service restarted and lost this request; retry.")
@@ -479,6 +540,11 @@ class StreamReader:
         try:
             await conn.send_packed_command(command, check_health=False)
             reply = await conn.read_response()
+        except redis.exceptions.AskError:
+            # The pool's slot moved (a reshard; Redis unblocks the read with a redirect): learn
+            # its new owner, so the reconnect that follows goes there.
+            await refresh_slots()
+            raise
         finally:
             self._blocked = False
             self._unblocking = False
@@ -506,17 +572,22 @@ class StreamReader:
         self._set_position(sk, entries[-1][0])
 
 
-_readers: LoopLocal[StreamReader] = LoopLocal(StreamReader)
+_readers: LoopLocal[dict[str, StreamReader]] = LoopLocal(dict)
 
 
-def reader() -> StreamReader:
-    """This event loop's reader (asyncio clients cannot cross loops, so one per loop)."""
-    return _readers.get()
+def reader(pool: str) -> StreamReader:
+    """This event loop's reader of ``pool``'s streams (asyncio clients cannot cross loops, so
+    one per loop; one per pool, since one XREAD reads one slot under Redis Cluster)."""
+    readers = _readers.get()
+    found = readers.get(pool)
+    if found is None:
+        found = readers[pool] = StreamReader(pool)
+    return found
 
 
-def subscribe(rid: str, last_id: str = "0-0") -> AsyncIterator[StreamEvent]:
-    return reader().subscribe(rid, last_id)
+def subscribe(pool: str, rid: str, last_id: str = "0-0") -> AsyncIterator[StreamEvent]:
+    return reader(pool).subscribe(rid, last_id)
 
 
-def open_subscription(rid: str, last_id: str = "0-0") -> Subscription:
-    return reader().open(rid, last_id)
+def open_subscription(pool: str, rid: str, last_id: str = "0-0") -> Subscription:
+    return reader(pool).open(rid, last_id)

@@ -26,6 +26,12 @@ running there, or enqueued within ``WFQ_ACTIVE_WINDOW_SECONDS``), unless enough 
 for the others' unused shares (at most ``WFQ_SLOT_RESERVE`` of the slots); a lone tenant gets
 every slot. The rules are written in ``serving/lua/wfq/dispatch.lua``.
 
+Engine shares (``dispatch_many(..., running=..., engine=EngineShares(...))``, docs/adr/0017):
+slots are not the engine's unit of work, so a worker that also passes its engine's state (its
+prefill and KV capacity, and per tenant the prompt tokens it has not yet prefilled and the KV
+tokens it holds) gets at most a tenant's weighted share of the prefill budget and of the KV
+cache for that tenant while others are active (rule E in dispatch.lua); a lone tenant gets all.
+
 ``policy="fifo"`` orders by arrival instead of tag through the same scripts, so benchmarks
 compare the two policies through the same code; it ignores slot fairness. The policy belongs
 to the pool: the enqueuer's setting is stored with it (and may change only while the pool is
@@ -47,13 +53,14 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from infra.loop_local import LoopLocal
-from infra.redis_conn import get_async_redis, get_redis, key
+from infra.redis_conn import get_async_redis, get_redis, key, pool_tag
 from serving.keys import inflight_key
 
 POLICIES = ("wfq", "fifo")
 _SEP = "|"  # field separator inside a packed queue entry (see serving/lua/wfq/common.lua)
 _ID = re.compile(r"[^\s|]{1,200}")
-_POOL = re.compile(r"[^\s|:]{1,200}")  # no ':' so a pool's keys never collide with another's
+# No ':' so a pool's keys never collide with another's; no braces, which would end its hash tag.
+_POOL = re.compile(r"[^\s|:{}]{1,200}")
 
 
 class WfqError(RuntimeError):
@@ -70,17 +77,45 @@ class PolicyMismatch(WfqError):
 
 @dataclass(frozen=True)
 class Prices:
-    """Cost per token, the virtual token counter's input and output weights."""
+    """Cost per token, the virtual token counter's input and output weights, plus KV memory.
+
+    ``kv`` prices KV memory held over time, per token of context per decode step: a request's
+    context grows from ``prompt`` to ``prompt + output`` over its ``output`` decode steps, so it
+    holds ``output * (prompt + output / 2)`` token-steps ("context length times duration",
+    docs/adr/0017). Duration is counted in the request's own decode steps, not seconds, so a
+    tenant is not charged more because the pool was busy; the estimate uses max_tokens and
+    settlement corrects it with the actual output, as for the other terms.
+    """
 
     input: float
     output: float
+    kv: float = 0.0
 
     @classmethod
     def from_settings(cls) -> Prices:
-        return cls(settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE)
+        return cls(settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE, settings.WFQ_KV_PRICE)
 
     def cost(self, prompt_tokens: int, output_tokens: int) -> float:
-        return self.input * prompt_tokens + self.output * output_tokens
+        cost = self.input * prompt_tokens + self.output * output_tokens
+        if self.kv:
+            cost += self.kv * output_tokens * (prompt_tokens + output_tokens / 2)
+        return cost
+
+
+@dataclass(frozen=True)
+class EngineShares:
+    """A worker's engine state for the dispatcher's prefill and KV shares (rule E).
+
+    ``prefill_capacity``: prompt tokens the engine computes over the dispatch horizon
+    (``prefill_tokens_per_s * WFQ_PREFILL_HORIZON_SECONDS``); ``kv_capacity``: its KV cache
+    in tokens. ``prefill`` and ``kv``: per tenant running here, its prompt tokens not yet
+    prefilled and its KV tokens held (tenants not in ``running`` are ignored).
+    """
+
+    prefill_capacity: float
+    kv_capacity: float
+    prefill: Mapping[str, int]
+    kv: Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -122,11 +157,14 @@ class Keys:
         _check(_POOL, "pool", self.pool)
 
     def part(self, name: str) -> str:
-        return key("wfq", self.pool, name)
+        return key("wfq", pool_tag(self.pool), name)
 
     @cached_property
     def qprefix(self) -> str:
-        return key("wfq", self.pool, "q", "")
+        # Queue keys are built from this prefix inside the scripts: the pool's tag makes them
+        # hash to the pool's slot like the declared keys (Redis Cluster routes a script by its
+        # declared keys; an undeclared key on the same slot is allowed).
+        return key("wfq", pool_tag(self.pool), "q", "")
 
     def queue(self, tenant_id: str) -> str:
         return self.qprefix + tenant_id
@@ -196,7 +234,8 @@ def _enqueue_call(keys: Keys, policy: str, prices: Prices, tenant_id: str, reque
 
 def _dispatch_call(keys: Keys, n: int, free_slots: int, free_kv_tokens: float,
                    overcommit: float, worker_id: str, lookahead: int,
-                   running: Mapping[str, int] | None = None, now: float | None = None) -> Call:
+                   running: Mapping[str, int] | None = None, now: float | None = None,
+                   engine: EngineShares | None = None) -> Call:
     _check(_ID, "worker_id", worker_id)
     if n < 0 or free_slots < 0 or lookahead < 0:
         raise ValueError("n, free_slots and lookahead must be >= 0")
@@ -207,7 +246,9 @@ def _dispatch_call(keys: Keys, n: int, free_slots: int, free_kv_tokens: float,
             _number("WFQ_ACTIVE_WINDOW_SECONDS", settings.WFQ_ACTIVE_WINDOW_SECONDS),
             _number("WFQ_SLOT_RESERVE", min(1.0, settings.WFQ_SLOT_RESERVE)),
             *_running_args(running)]
-    return [*keys.common, inflight_key(worker_id)], args
+    if engine is not None and running is not None:
+        args += _engine_args(engine, args[-2])
+    return [*keys.common, inflight_key(keys.pool, worker_id)], args
 
 
 def _running_args(running: Mapping[str, int] | None) -> list[str]:
@@ -244,6 +285,20 @@ def _running_args(running: Mapping[str, int] | None) -> list[str]:
 _NUM = tuple(str(i) for i in range(1025))
 
 
+def _engine_args(engine: EngineShares, ids: str) -> list[str]:
+    # Rule E's arguments: the capacities, then the pending prefill and KV held of each tenant
+    # in the running ids (the same order, so one list each, as for the counts).
+    tenants = ids.split()
+    lists = []
+    for what, per in (("prefill", engine.prefill), ("kv", engine.kv)):
+        values = [per.get(t, 0) for t in tenants]
+        if not all(isinstance(v, int) and v >= 0 for v in values):
+            raise ValueError(f"engine {what} tokens must be ints >= 0")
+        lists.append(" ".join(map(str, values)))
+    return [_number("prefill_capacity", engine.prefill_capacity),
+            _number("kv_capacity", engine.kv_capacity), *lists]
+
+
 def _remove_call(keys: Keys, tenant_id: str, request_id: str) -> Call:
     _check(_ID, "tenant_id", tenant_id)
     _check(_ID, "request_id", request_id)
@@ -255,7 +310,8 @@ def _complete_call(keys: Keys, tenant_id: str, estimated_cost: float, actual_cos
     _check(_ID, "tenant_id", tenant_id)
     if (request_id is None) != (worker_id is None):
         raise ValueError("pass request_id and worker_id together, or neither")
-    inflight = inflight_key(worker_id) if worker_id is not None else keys.part("no-inflight")
+    inflight = (inflight_key(keys.pool, worker_id) if worker_id is not None
+                else keys.part("no-inflight"))
     args = [tenant_id, _number("estimated_cost", estimated_cost),
             _number("actual_cost", actual_cost), _number("weight", weight, positive=True),
             request_id or ""]
@@ -330,26 +386,29 @@ class Wfq(_Base):
     def dispatch_many(self, pool: str, *, n: int, free_slots: int, free_kv_tokens: float,
                       worker_id: str, overcommit: float = 1.0, lookahead: int = 0,
                       running: Mapping[str, int] | None = None,
-                      now: float | None = None) -> list[DispatchedItem]:
+                      now: float | None = None,
+                      engine: EngineShares | None = None) -> list[DispatchedItem]:
         """Move up to n requests, smallest tag first, into worker_id's free capacity.
 
         ``running`` is the worker's own sequences per tenant (all of them, so that free_slots
         + their sum is its slot count); passing it turns on slot fairness under "wfq" (module
-        docstring). ``now`` as for :meth:`enqueue`.
+        docstring), and ``engine`` with it the prefill and KV shares. ``now`` as for
+        :meth:`enqueue`.
         """
         call = _dispatch_call(_keys(pool), n, free_slots, free_kv_tokens,
-                              overcommit, worker_id, lookahead, running, now)
+                              overcommit, worker_id, lookahead, running, now, engine)
         return _dispatched(self._run("dispatch", call), worker_id)
 
     def dispatch(self, pool: str, *, free_slots: int, free_kv_tokens: float, worker_id: str,
                  overcommit: float = 1.0, lookahead: int = 0,
                  running: Mapping[str, int] | None = None,
-                 now: float | None = None) -> DispatchedItem | None:
+                 now: float | None = None,
+                 engine: EngineShares | None = None) -> DispatchedItem | None:
         """The next request if it fits (a free slot, kv_tokens <= free x overcommit), else None."""
         items = self.dispatch_many(pool, n=1, free_slots=free_slots,
                                    free_kv_tokens=free_kv_tokens, worker_id=worker_id,
                                    overcommit=overcommit, lookahead=lookahead,
-                                   running=running, now=now)
+                                   running=running, now=now, engine=engine)
         return items[0] if items else None
 
     def remove(self, pool: str, tenant_id: str, request_id: str) -> bool:
@@ -415,19 +474,21 @@ class AsyncWfq(_Base):
     async def dispatch_many(self, pool: str, *, n: int, free_slots: int,
                             free_kv_tokens: float, worker_id: str, overcommit: float = 1.0,
                             lookahead: int = 0, running: Mapping[str, int] | None = None,
-                            now: float | None = None) -> list[DispatchedItem]:
+                            now: float | None = None,
+                            engine: EngineShares | None = None) -> list[DispatchedItem]:
         call = _dispatch_call(_keys(pool), n, free_slots, free_kv_tokens,
-                              overcommit, worker_id, lookahead, running, now)
+                              overcommit, worker_id, lookahead, running, now, engine)
         return _dispatched(await self._run("dispatch", call), worker_id)
 
     async def dispatch(self, pool: str, *, free_slots: int, free_kv_tokens: float,
                        worker_id: str, overcommit: float = 1.0, lookahead: int = 0,
                        running: Mapping[str, int] | None = None,
-                       now: float | None = None) -> DispatchedItem | None:
+                       now: float | None = None,
+                       engine: EngineShares | None = None) -> DispatchedItem | None:
         items = await self.dispatch_many(pool, n=1, free_slots=free_slots,
                                          free_kv_tokens=free_kv_tokens, worker_id=worker_id,
                                          overcommit=overcommit, lookahead=lookahead,
-                                         running=running, now=now)
+                                         running=running, now=now, engine=engine)
         return items[0] if items else None
 
     async def remove(self, pool: str, tenant_id: str, request_id: str) -> bool:
@@ -457,11 +518,11 @@ class AsyncWfq(_Base):
         await self._run("reset", (list(keys.common), [keys.qprefix]))
 
 
-_async_wfqs: LoopLocal[AsyncWfq] = LoopLocal(AsyncWfq)
+_async_wfqs: LoopLocal[AsyncWfq] = LoopLocal(lambda: AsyncWfq(policy=settings.WFQ_POLICY))
 
 
 def for_loop() -> AsyncWfq:
-    """This event loop's ``AsyncWfq`` (policy ``wfq``, prices read from settings)."""
+    """This event loop's ``AsyncWfq`` (policy ``WFQ_POLICY``, prices read from settings)."""
     return _async_wfqs.get()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from array import array
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 # Stored in req:{rid} at admission, handed to the worker and deleted at claim: the prompt ids
@@ -52,6 +52,10 @@ class SamplingParams:
     json_schema: str | None = None
     json_object: bool = False
     skip_special_tokens: bool = True
+    # tool_choice "auto" with tools offered: the output may be a tool call. A real model decides
+    # from its prompt and ignores this; the simulated model calls a tool only when it is set
+    # (``workers.engine.simtools``), so "none" stays text.
+    may_call_tools: bool = False
     # Embeddings: the prompt is these segments' ids back to back (one input each), and the
     # request pools them instead of generating (max_tokens 0).
     embed_segments: tuple[int, ...] = ()
@@ -67,8 +71,10 @@ class SamplingParams:
         return [name for name in _OPTIONAL if getattr(self, name) != getattr(neutral, name)]
 
 
+_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 _OPTIONAL = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-             "min_tokens", "logprobs", "json_schema", "json_object", "skip_special_tokens")
+             "min_tokens", "logprobs", "json_schema", "json_object", "skip_special_tokens",
+             "ignore_eos")
 
 
 def pack_prompt(ids: Sequence[int]) -> bytes:
@@ -93,7 +99,9 @@ def unpack_sampling(data: bytes | str) -> SamplingParams:
     raw["stop_token_ids"] = tuple(raw.get("stop_token_ids") or ())
     raw["logit_bias"] = tuple((int(t), float(b)) for t, b in raw.get("logit_bias") or ())
     raw["embed_segments"] = tuple(raw.get("embed_segments") or ())
-    return SamplingParams(**raw)
+    # A field this side does not know (a newer gateway during a rolling deploy) is dropped:
+    # every field is neutral at its default.
+    return SamplingParams(**{k: v for k, v in raw.items() if k in _FIELDS})
 
 
 def usage_of(prompt: int, completion: int, cached: int = 0) -> dict[str, int]:

@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from infra import sealed_once
 from tenants import pool_settings
 from tenants.admin_planner import CapacityPlanAdminMixin
 from tenants.admin_worker_status import WorkerStatusAdminMixin
@@ -98,9 +99,9 @@ class PoolForm(forms.ModelForm):
 @admin.register(Pool)
 class PoolAdmin(WorkerStatusAdminMixin, CapacityPlanAdminMixin, admin.ModelAdmin):
     form = PoolForm
-    list_display = ["name", "model", "region", "backend", "live", "max_sequences",
+    list_display = ["name", "model", "region", "cell", "backend", "live", "max_sequences",
                     "kv_cache_tokens", "dedicated_to", "enabled"]
-    list_filter = ["enabled", "backend", "region", "model"]
+    list_filter = ["enabled", "backend", "region", "cell", "model"]
     search_fields = ["name", "model__name", "region", "dedicated_to__slug"]
     list_select_related = ["model", "dedicated_to"]
     autocomplete_fields = ["dedicated_to"]
@@ -236,9 +237,9 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "status", "tier", "region", "content_logging", "key_count",
-                    "created_at"]
-    list_filter = ["status", "tier", "region", "content_logging"]
+    list_display = ["name", "slug", "status", "tier", "region", "home_cell", "extra_cells",
+                    "content_logging", "key_count", "created_at"]
+    list_filter = ["status", "tier", "region", "home_cell", "content_logging"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["created_at", "updated_at"]
@@ -407,22 +408,24 @@ class ApiKeyAdmin(admin.ModelAdmin):
             obj.created_by = request.user  # type: ignore[assignment]
             plaintext = assign_secret(obj)
             super().save_model(request, obj, form, change)
-            # Parked for the one GET that shows it (issued_view), then gone.
-            request.session[ISSUED_SESSION_KEY] = {"pk": obj.pk, "plaintext": plaintext}
+            # Parked, sealed, for the one GET that shows it (issued_view); response_add hands
+            # the browser the key (infra.sealed_once), so the session store never holds it.
+            request._issued_key = {"pk": obj.pk, "plaintext": plaintext}  # type: ignore[attr-defined]
             return
         super().save_model(request, obj, form, change)
 
     def response_add(self, request: HttpRequest, obj: ApiKey, *args: Any) -> HttpResponse:
-        return HttpResponseRedirect(reverse("admin:tenants_apikey_issued", args=[obj.pk]))
+        response = HttpResponseRedirect(reverse("admin:tenants_apikey_issued", args=[obj.pk]))
+        issued: dict[str, Any] = request._issued_key  # type: ignore[attr-defined]
+        return sealed_once.park(request, response, ISSUED_SESSION_KEY, issued)
 
     def issued_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         api_key = get_object_or_404(ApiKey.objects.select_related("tenant"), pk=pk)
-        parked = request.session.get(ISSUED_SESSION_KEY) or {}
+        parked = sealed_once.take(request, ISSUED_SESSION_KEY) or {}
         if parked.get("pk") != api_key.pk:
             self.message_user(request, "That key was shown once and is not shown again.",
                               messages.WARNING)
-            return redirect("admin:tenants_apikey_change", api_key.pk)
-        del request.session[ISSUED_SESSION_KEY]
+            return sealed_once.forget_key(redirect("admin:tenants_apikey_change", api_key.pk))
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -432,7 +435,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         }
         response = TemplateResponse(request, "admin/tenants/apikey/issued.html", context)
         response["Cache-Control"] = "no-store"
-        return response
+        return sealed_once.forget_key(response)
 
     def revoke_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         api_key = get_object_or_404(ApiKey.objects.select_related("tenant"), pk=pk)

@@ -133,6 +133,7 @@ class Principal:
     content_logging: bool = False
     tenant_active: bool = True
     expires_at: datetime | None = None
+    tenant_cells: tuple[str, ...] = ()  # home first; () = no cells (docs/adr/0019)
     # Quota rows by model name (None = tenant default), so limits resolve without the database.
     quotas: Mapping[str | None, Mapping[str, Any]] = field(
         default_factory=dict, compare=False, repr=False
@@ -302,6 +303,7 @@ def _principal(row: ApiKey) -> Principal:
         content_logging=tenant.content_logging,
         tenant_active=tenant.is_active,
         expires_at=row.expires_at,
+        tenant_cells=tenant.cells,
         quotas=MappingProxyType(quota_table(tenant)),
     )
 
@@ -490,6 +492,7 @@ def principal_for_tenant(tenant: Tenant, *, key_id: int, key_prefix: str) -> Pri
         key_caps=KeyCaps(),
         content_logging=tenant.content_logging,
         tenant_active=tenant.is_active,
+        tenant_cells=tenant.cells,
         quotas=MappingProxyType(quota_table(tenant)),
     )
 

@@ -133,6 +133,11 @@ class Pool(models.Model):
         help_text="Empty = shared pool. Set = only this tenant's requests are routed here.",
     )
     enabled = models.BooleanField(default=True)
+    cell = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="The cell whose Redis and workers host this pool (docs/adr/0019). Blank: "
+                  "any gateway may route here (a deployment without cells).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -157,6 +162,17 @@ class Tenant(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
     region = models.CharField(max_length=64, default=settings.DEFAULT_REGION)
+    # Cells (docs/adr/0019): requests are served in the home cell and the extra ones, and
+    # forwarded there from any other; the token quota is split across them (serving.cells).
+    home_cell = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="The cell that serves this tenant. Blank: the deployment's default cell.",
+    )
+    extra_cells = models.CharField(
+        max_length=255, blank=True, default="",
+        help_text="Comma-separated cells that also serve this tenant; its token quota is then "
+                  "split across the home and these cells by recent demand.",
+    )
     content_logging = models.BooleanField(
         default=False, help_text="Opt-in: store prompts and responses, encrypted, short retention."
     )
@@ -180,6 +196,23 @@ class Tenant(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status == self.Status.ACTIVE
+
+    @property
+    def cells(self) -> tuple[str, ...]:
+        """The cells that serve this tenant, home first; () when the deployment has no cells."""
+        home = self.home_cell or settings.DEFAULT_CELL
+        if not home:
+            return ()
+        extra = (c.strip() for c in self.extra_cells.split(","))
+        return (home, *dict.fromkeys(c for c in extra if c and c != home))
+
+    def clean(self) -> None:
+        super().clean()
+        unknown = [c for c in self.cells if settings.CELLS and c not in settings.CELLS]
+        if unknown:
+            raise ValidationError({"extra_cells" if self.extra_cells else "home_cell":
+                                   f"Unknown cell(s): {', '.join(unknown)}. "
+                                   f"Configured: {', '.join(settings.CELLS)}."})
 
     def set_status(self, status: str) -> None:
         """Suspend or reactivate; the save signal makes every gateway see it within 1 s."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, pool_key
 
 
 @dataclass
@@ -87,10 +87,10 @@ def pool_state(pool_name: str) -> PoolState | None:
         dead_after = settings.WORKER_DEAD_AFTER_SECONDS
         state = PoolState()
         members: list[tuple[bytes, float]] = client.zrange(  # type: ignore[assignment]
-            key("workers", pool_name), 0, -1, withscores=True)
+            pool_key("workers", pool_name), 0, -1, withscores=True)
         for member, score in members:
             wid = member.decode()
-            load: dict[Any, Any] = client.hgetall(key("worker", wid, "load"))
+            load: dict[Any, Any] = client.hgetall(pool_key("worker", pool_name, wid, "load"))
             age = max(now - score, 0.0)
             state.workers.append(WorkerState(
                 wid, round(age, 1), age <= dead_after and bool(load),

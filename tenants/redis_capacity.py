@@ -6,9 +6,11 @@ dispatch, claim, settle, usage record) and each streamed token a variable part (
 the step batch's XADD and the relay's XREAD). ``bench/redis_cost.py`` measures both on a real
 gateway and worker; this module only does the arithmetic.
 
-A cell is the gateways, Redis and workers for a set of pools in one region. Without Redis
-Cluster a cell has exactly one Redis primary, so the cells needed are the larger of the shards
-(Redis CPU) and the replicas a cell may hold (blast radius, one region's GPUs).
+A cell is the gateways, Redis and workers for a set of pools in one region (docs/adr/0019).
+Without Redis Cluster a cell has exactly one Redis primary; with it, up to ``shards_per_cell``.
+The cells needed are the largest of: the shards over the shards a cell may run (Redis CPU), the
+replicas over the replicas a cell may hold (blast radius, one region's GPUs), and the regions
+served (a cell never spans regions).
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ class RedisPlan:
     replicas: int
     max_replicas_per_cell: int
     cells: int
+    shards_per_cell: int = 1
+    regions: int = 1
+    cells_for_redis: int = 1
+    cells_for_replicas: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +94,8 @@ class RedisPlan:
 
 def plan_redis(cost: RedisCost, *, output_tpm: float, tokens_per_request: float,
                shard_cpu: float = 0.5, replica_tokens_per_s: float = 3040.0,
-               max_replicas_per_cell: int = 50) -> RedisPlan:
+               max_replicas_per_cell: int = 50, shards_per_cell: int = 1,
+               regions: int = 1) -> RedisPlan:
     """Shards and cells for ``output_tpm`` output tokens a minute.
 
     ``shard_cpu``: the fraction of its one core a shard may use at the planned peak (0.5 leaves
@@ -101,19 +108,24 @@ def plan_redis(cost: RedisCost, *, output_tpm: float, tokens_per_request: float,
         raise RedisPlanError("shard_cpu is a fraction of one core: 0 < shard_cpu <= 1")
     if not replica_tokens_per_s > 0 or max_replicas_per_cell < 1:
         raise RedisPlanError("replica_tokens_per_s must be > 0, max_replicas_per_cell >= 1")
+    if shards_per_cell < 1 or regions < 1:
+        raise RedisPlanError("shards_per_cell and regions must be >= 1")
     tps = output_tpm / 60.0
     rps = tps / tokens_per_request
     cores = tps * cost.cpu_s_per_token + rps * cost.cpu_s_per_request
     per_token_cpu = cost.cpu_s_per_token + cost.cpu_s_per_request / tokens_per_request
     shards = max(1, math.ceil(cores / shard_cpu - 1e-9))
     replicas = math.ceil(tps / replica_tokens_per_s - 1e-9)
+    for_redis = math.ceil(shards / shards_per_cell)
+    for_replicas = math.ceil(replicas / max_replicas_per_cell - 1e-9)
     return RedisPlan(
         output_tpm=output_tpm, tokens_per_s=tps, requests_per_s=rps,
         commands_per_s=tps * cost.commands_per_token + rps * cost.commands_per_request,
         redis_cores=cores, shard_cpu=shard_cpu, shards=shards,
         tokens_per_s_per_shard=shard_cpu / per_token_cpu,
         replicas=replicas, max_replicas_per_cell=max_replicas_per_cell,
-        cells=max(shards, math.ceil(replicas / max_replicas_per_cell - 1e-9)))
+        cells=max(for_redis, for_replicas, regions), shards_per_cell=shards_per_cell,
+        regions=regions, cells_for_redis=for_redis, cells_for_replicas=for_replicas)
 
 
 def render_redis_text(cost: RedisCost, plans: list[RedisPlan]) -> str:
@@ -130,7 +142,10 @@ def render_redis_text(cost: RedisCost, plans: list[RedisPlan]) -> str:
             f"  Redis: {p.redis_cores:,.2f} cores, {p.commands_per_s:,.0f} commands/s; "
             f"one shard at {p.shard_cpu:.0%} of a core carries {p.tokens_per_s_per_shard:,.0f} "
             f"tokens/s -> {p.shards} shard(s)",
-            f"  engines: {p.replicas} replicas; at most {p.max_replicas_per_cell} per cell, one "
-            f"Redis primary per cell -> {p.cells} cell(s)",
+            f"  engines: {p.replicas} replicas, at most {p.max_replicas_per_cell} per cell -> "
+            f"{p.cells_for_replicas} cell(s)",
+            f"  cells: {p.cells} = max({p.shards} shard(s) / {p.shards_per_cell} per cell "
+            f"{'(no Redis Cluster)' if p.shards_per_cell == 1 else '(Redis Cluster)'} -> "
+            f"{p.cells_for_redis}, replicas -> {p.cells_for_replicas}, {p.regions} region(s))",
         ]
     return "\n".join(lines)

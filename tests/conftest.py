@@ -11,12 +11,30 @@ import pytest
 pytest_plugins = ["tests.vllm_fixtures"]
 
 
+class _WholeCluster:
+    """A Redis Cluster client whose KEYS asks every primary (redis-py asks one node), so tests
+    that list keys see the whole keyspace, as on one Redis."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def keys(self, pattern: str = "*") -> list[bytes]:
+        return list(self._client.keys(pattern, target_nodes=self._client.PRIMARIES))
+
+
 @pytest.fixture
 def redis_client(settings):
-    """A clean Redis for one test. The test DB index is dedicated to tests, so flushing is safe."""
-    from infra.redis_conn import get_redis
+    """A clean Redis for one test. The test DB index is dedicated to tests, so flushing is safe.
 
-    client = get_redis()
+    Under ``REDIS_CLUSTER_NODES`` (tests/test_redis_cluster.py re-runs modules so) it is the
+    cluster: flushed on every primary, KEYS answered by every primary.
+    """
+    from infra.redis_conn import cluster_mode, get_redis
+
+    client = _WholeCluster(get_redis()) if cluster_mode() else get_redis()
     client.flushdb()
     yield client
     client.flushdb()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from tenants.models import Pool, Quota, ServedModel, Tenant, Tier
 
@@ -30,6 +31,19 @@ def make_tenant(slug: str | None = None, *, weight: float = 1.0, **quota) -> Ten
     tenant = Tenant.objects.create(name=slug.title(), slug=slug, tier=make_tier(weight=weight))
     Quota.objects.create(tenant=tenant, **quota)
     return tenant
+
+
+UNLIMITED = 10**9  # tokens per minute and burst that no test reaches
+
+
+def open_quota(*, streams: int = 100, ttft_s: float = 20.0, total_s: float = 30.0,
+               **extra: Any) -> dict[str, Any]:
+    """A quota that never throttles by tokens (fault tests measure recovery, not limits):
+    ``streams`` concurrent requests and open streams, and the two deadlines."""
+    return {"input_tpm": UNLIMITED, "input_burst": UNLIMITED, "output_tpm": UNLIMITED,
+            "output_burst": UNLIMITED, "concurrent_requests": streams, "open_streams": streams,
+            "max_output_tokens": 4000, "ttft_deadline_s": ttft_s, "total_deadline_s": total_s,
+            **extra}
 
 
 def make_key(tenant: Tenant | None = None, name: str = "test key", **fields):

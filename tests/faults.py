@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 
-from infra.redis_conn import key
-from tests import procs
+from tests import procs, rkeys
 
 RETRYABLE = {"worker_lost", "service_unavailable", "state_lost", "engine_error",
              "engine_invalid_output", "worker_shutdown", "unavailable", "server_shutdown"}
@@ -92,6 +91,15 @@ async def one_stream(client: httpx.AsyncClient, url: str, plain: str, body: dict
     return out
 
 
+def chat(url: str, plain: str, *, model: str, max_tokens: int = 5,
+         timeout: float = 10.0) -> httpx.Response:
+    """One short non-streaming chat completion, as a client under a fault would send it."""
+    return httpx.post(url + "/v1/chat/completions", timeout=timeout,
+                      headers={"Authorization": f"Bearer {plain}"},
+                      json={"model": model, "max_tokens": max_tokens,
+                            "messages": [{"role": "user", "content": "Hi"}]})
+
+
 def stream_many(url: str, plain: str | list[str], body: dict[str, Any], n: int, *,
                 during: Any = None, timeout: float = 60.0) -> tuple[list[Outcome], Any]:
     """Run ``n`` streams at once; ``during(outcomes_so_far)`` runs in a thread meanwhile."""
@@ -112,7 +120,7 @@ def stream_many(url: str, plain: str | list[str], body: dict[str, Any], n: int, 
 
 def settled_records(r: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for raw in r.lrange(key("usage", "pending"), 0, -1):
+    for raw in rkeys.usage_raw(r):
         rec = json.loads(raw)
         assert rec["request_id"] not in out, f"two records for {rec['request_id']}"
         out[rec["request_id"]] = rec
@@ -120,7 +128,7 @@ def settled_records(r: Any) -> dict[str, dict[str, Any]]:
 
 
 def entry_ids(r: Any, rid: str) -> list[str]:
-    return [i.decode() for i, _ in r.xrange(key("stream", rid))]
+    return [i.decode() for i, _ in r.xrange(rkeys.find_stream(r, rid))]
 
 
 def wait_quiet(r: Any, pool: str, worker_ids: list[str], timeout: float = 5.0) -> dict[str, Any]:
@@ -132,16 +140,17 @@ def wait_quiet(r: Any, pool: str, worker_ids: list[str], timeout: float = 5.0) -
 
 
 def stream_tokens(r: Any, rid: str) -> int:
-    return sum(int(f.get(b"n", 0)) for _, f in r.xrange(key("stream", rid)))
+    return sum(int(f.get(b"n", 0)) for _, f in r.xrange(rkeys.find_stream(r, rid)))
 
 
 def terminal_entries(r: Any, rid: str) -> list[dict[bytes, bytes]]:
-    return [f for _, f in r.xrange(key("stream", rid)) if b"f" in f or b"e" in f]
+    return [f for _, f in r.xrange(rkeys.find_stream(r, rid)) if b"f" in f or b"e" in f]
 
 
 def nonzero_counters(r: Any, tenants: list[Any], keys: list[Any]) -> dict[str, int]:
-    names = [key(kind, "tenant", t.pk) for t in tenants for kind in ("conc", "streams")]
-    names += [key(kind, "key", k.pk) for k in keys for kind in ("conc", "streams")]
+    names = [rkeys.counter_key(kind, t.pk) for t in tenants for kind in ("conc", "streams")]
+    names += [rkeys.counter_key(kind, k.tenant_id, "key", k.pk) for k in keys
+              for kind in ("conc", "streams")]
     values = {n: int(r.get(n) or 0) for n in names}
     return {n: v for n, v in values.items() if v}
 
@@ -149,12 +158,12 @@ def nonzero_counters(r: Any, tenants: list[Any], keys: list[Any]) -> dict[str, i
 def pool_leftovers(r: Any, pool: str, worker_ids: list[str]) -> dict[str, Any]:
     """Queues, in-flight sets and reserved KV that must be empty once nothing runs."""
     out: dict[str, Any] = {
-        "queued": r.hlen(key("wfq", pool, "items")),
-        "deadlines": r.zcard(key("deadlines")),
+        "queued": r.hlen(rkeys.pool_key("wfq", pool, "items")),
+        "deadlines": r.zcard(rkeys.pool_key("deadlines", pool)),
     }
     for wid in worker_ids:
-        out[f"{wid}:inflight"] = r.scard(key("worker", wid, "inflight"))
-        load = r.hgetall(key("worker", wid, "load"))
+        out[f"{wid}:inflight"] = r.scard(rkeys.inflight_key(pool, wid))
+        load = r.hgetall(rkeys.worker_key(pool, wid, "load"))
         out[f"{wid}:kv_reserved"] = int(load.get(b"kv_tokens_reserved", 0) or 0)
         out[f"{wid}:running"] = int(load.get(b"in_flight", 0) or 0)
     return out

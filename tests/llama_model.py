@@ -47,10 +47,15 @@ def _vocabulary(model_dir: Path) -> tuple[list[str], list[int], list[str], dict[
     return tokens, types, merges, special
 
 
-def write_tiny_llama(path: str | Path, model_dir: str | Path | None = None, seed: int = 0) -> Path:
-    """Write the model; returns its path. Deterministic for a given seed."""
+def write_tiny_llama(path: str | Path, model_dir: str | Path | None = None, seed: int = 0,
+                     pooling: str | None = None) -> Path:
+    """Write the model; returns its path. Deterministic for a given seed.
+
+    ``pooling`` (``"mean"``, ``"last"``, ...) makes it an embedding model: without a pooling type
+    a causal LM's ``/v1/embeddings`` on llama.cpp's server is one vector per token, not per input.
+    """
     import numpy as np
-    from gguf import GGUFWriter
+    from gguf import GGUFWriter, PoolingType
 
     root = Path(model_dir) if model_dir else sim_model_dir()
     config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -75,6 +80,8 @@ def write_tiny_llama(path: str | Path, model_dir: str | Path | None = None, seed
     w.add_bos_token_id(special[config["bos_token"]])
     w.add_eos_token_id(special[config["eos_token"]])
     w.add_add_bos_token(False)  # the gateway sends exactly the ids (or text) it counted
+    if pooling is not None:
+        w.add_pooling_type(PoolingType[pooling.upper()])
     rng = np.random.default_rng(seed)
 
     def mat(rows: int, cols: int) -> np.ndarray:

@@ -12,6 +12,7 @@ its environment, writes its log to a file, and is killed at the end whatever hap
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,25 @@ class Proc:
         self.stop()
 
 
+@contextlib.contextmanager
+def supervised(*procs: Proc, tail: int = 4000,
+               then: Callable[[], object] | None = None) -> Iterator[None]:
+    """Stop these processes however the block ends (last started, first stopped), and print
+    the tail of each one's log when it fails, so pytest shows them beside the failure.
+    ``then`` runs last: the proxy, Redis or sentinels the processes were using."""
+    try:
+        yield
+    except BaseException:
+        for proc in procs:
+            print(f"--- {proc.name}\n{proc.logs()[-tail:]}")
+        raise
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        if then is not None:
+            then()
+
+
 def wait_until(check: Callable[[], object], timeout: float, what: str,
                proc: Proc | None = None, interval: float = 0.05) -> object:
     deadline = time.monotonic() + timeout
@@ -134,9 +154,9 @@ def start_worker(pool: str, *, worker_id: str, env: Mapping[str, str] | None = N
 
 def wait_for_worker(client: object, pool: str, worker_id: str, proc: Proc | None = None,
                     timeout: float = 60.0) -> None:
-    from infra.redis_conn import key
+    from serving.keys import workers_key
 
-    wait_until(lambda: client.zscore(key("workers", pool), worker_id) is not None,  # type: ignore[attr-defined]
+    wait_until(lambda: client.zscore(workers_key(pool), worker_id) is not None,  # type: ignore[attr-defined]
                timeout, f"worker {worker_id} to register", proc)
 
 

@@ -7,11 +7,8 @@ temporary directory) and detect a dead primary after ``DOWN_AFTER_MS``.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -20,18 +17,18 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from tests import procs
+from tests.redis_procs import RedisProcs
 
 MASTER = "igw-ha"
 DOWN_AFTER_MS = 1000
 FAILOVER_TIMEOUT_MS = 5000
 
 
-class SentinelGroup:
+class SentinelGroup(RedisProcs):
     def __init__(self, n_sentinels: int = 3) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="igw-sentinel-"))
+        super().__init__("igw-sentinel-")
         self.data_ports = [procs.free_port(), procs.free_port()]  # [primary, replica] at start
         self.sentinel_ports = [procs.free_port() for _ in range(n_sentinels)]
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
     def sentinels_setting(self) -> str:
@@ -71,12 +68,6 @@ class SentinelGroup:
                                             stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         procs.wait_until(lambda: self._ping(port), 10, f"redis on {port}")
-
-    def _ping(self, port: int) -> bool:
-        try:
-            return bool(redis.Redis(port=port, socket_timeout=0.5).ping())
-        except redis.RedisError:
-            return False
 
     def _info(self, port: int) -> dict[str, Any]:
         try:
@@ -132,14 +123,3 @@ class SentinelGroup:
         procs.wait_until(promoted, timeout, "a replica to be promoted", interval=0.1)
         return self.master_port()
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}"
-                         for p in sorted(self.dir.glob("*.log")))
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        self.procs.clear()
-        shutil.rmtree(self.dir, ignore_errors=True)

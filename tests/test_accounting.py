@@ -17,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from infra.redis_conn import key, redis_url
+from infra.redis_conn import get_redis, key, new_redis, redis_url
 from serving import admission as acc
 from serving import settlement
 from serving.admission import AdmissionLimits, Admitted, Reason, Rejected, ScopeLimits
 from serving.keys import deadlines_key, req_key, stream_key, usage_pending_key
+from serving.lua import script
 
 T0 = 1_000_000.0  # virtual time: no refill happens unless a test moves it
 
@@ -40,13 +41,16 @@ def admit(rid: str, lim: AdmissionLimits, *, prompt: int = 100, out: int = 50,
                      now=now, client=client)
 
 
-def level(r: redis.Redis, scope: str, ident: int, kind: str) -> float:
-    value = r.hget(key("bucket", scope, ident, kind), "level")
+def level(r: redis.Redis, scope: str, ident: int, kind: str, tenant: int = 1) -> float:
+    """A bucket's level: the tenant's (ident = the tenant) or key ident's of ``tenant``."""
+    owner = ident if scope == "tenant" else tenant
+    value = r.hget(acc.bucket_key(owner, scope, ident, kind), "level")
     return float(value) if value is not None else math.nan
 
 
-def counter(r: redis.Redis, name: str, scope: str, ident: int) -> int:
-    return int(r.get(key(name, scope, ident)) or 0)
+def counter(r: redis.Redis, name: str, scope: str, ident: int, tenant: int = 1) -> int:
+    owner = ident if scope == "tenant" else tenant
+    return int(r.get(acc.counter_key(name, owner, scope, ident)) or 0)
 
 
 def snapshot(r: redis.Redis) -> dict[bytes, object]:
@@ -73,10 +77,10 @@ def test_admit_charges_every_bucket_and_counter(redis_client):
     for name in ("conc", "streams"):
         assert counter(redis_client, name, "tenant", 1) == 1
         assert counter(redis_client, name, "key", 11) == 1
-    state = redis_client.hgetall(req_key("r1"))
+    state = redis_client.hgetall(req_key("p", "r1"))
     assert state[b"state"] == b"queued" and state[b"p"] == b"100" and state[b"o"] == b"50"
     assert state[b"tenant"] == b"1" and state[b"key"] == b"11" and state[b"pool"] == b"p"
-    assert redis_client.zscore(deadlines_key(), "r1") == pytest.approx(
+    assert redis_client.zscore(deadlines_key("p"), "r1") == pytest.approx(
         T0 + 60 + acc.DEADLINE_GRACE_S)
     # Headers: the key's concurrency (2) is tightest; the key's output bucket is emptiest.
     info = result.rate_limit
@@ -119,7 +123,7 @@ def test_concurrency_and_stream_limits(redis_client):
     refused = admit("n2", lim, stream=False)
     assert isinstance(refused, Rejected) and refused.reason == Reason.CONCURRENCY
     assert refused.retry_after >= 1 and refused.headers()["retry-after"] == "1"
-    assert settlement.settle("s1", status="ok", output_tokens=1, now=T0)
+    assert settlement.settle("p", "s1", status="ok", output_tokens=1, now=T0)
     assert isinstance(admit("s3", lim, stream=True), Admitted)
 
 
@@ -157,7 +161,7 @@ def test_buckets_refill_continuously_up_to_burst(redis_client):
 def test_settle_refunds_unused_output_and_corrects_input(redis_client):
     lim = limits()
     admit("r", lim, prompt=100, out=50)
-    assert settlement.settle("r", status="ok", finish_reason="stop", prompt_tokens=120,
+    assert settlement.settle("p", "r", status="ok", finish_reason="stop", prompt_tokens=120,
                       cached_tokens=64, output_tokens=20, now=T0, wfq_correction=False)
     # The engine's counts win: 20 more input tokens charged, 30 output tokens refunded.
     assert level(redis_client, "tenant", 1, "in") == 6000 - 120
@@ -165,8 +169,8 @@ def test_settle_refunds_unused_output_and_corrects_input(redis_client):
     for name in ("conc", "streams"):
         assert counter(redis_client, name, "tenant", 1) == 0
         assert counter(redis_client, name, "key", 11) == 0
-    assert redis_client.zcard(deadlines_key()) == 0
-    [raw] = redis_client.lrange(usage_pending_key(), 0, -1)
+    assert redis_client.zcard(deadlines_key("p")) == 0
+    [raw] = redis_client.lrange(usage_pending_key("p"), 0, -1)
     record = json.loads(raw)
     assert record["prompt_tokens"] == 120 and record["cached_tokens"] == 64
     assert record["completion_tokens"] == 20 and record["status"] == "ok"
@@ -177,15 +181,16 @@ def test_refund_is_capped_at_burst(redis_client):
     lim = limits(output_tpm=600)
     admit("r", lim, out=500)
     # 10 minutes later the bucket has refilled to its burst; the refund cannot push it over.
-    assert settlement.settle("r", status="ok", output_tokens=0, now=T0 + 600, wfq_correction=False)
+    assert settlement.settle("p", "r", status="ok", output_tokens=0, now=T0 + 600,
+                             wfq_correction=False)
     assert level(redis_client, "tenant", 1, "out") == 600
 
 
 def test_usage_record_carries_counts_never_content(redis_client):
     admit("r", limits())
-    settlement.settle("r", status="ok", finish_reason="length", output_tokens=50, now=T0 + 2,
+    settlement.settle("p", "r", status="ok", finish_reason="length", output_tokens=50, now=T0 + 2,
                event={"f": "length", "u": "{}"}, wfq_correction=False)
-    record = json.loads(redis_client.lpop(usage_pending_key()))
+    record = json.loads(redis_client.lpop(usage_pending_key("p")))
     assert set(record) == {
         "request_id", "tenant_id", "key_id", "model", "pool", "prompt_tokens", "cached_tokens",
         "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms", "status", "finish_reason",
@@ -193,18 +198,19 @@ def test_usage_record_carries_counts_never_content(redis_client):
         "settled_at_ms",
     }
     assert record["total_ms"] == 2000
-    assert [e[1] for e in redis_client.xrange(stream_key("r"))] == [{b"f": b"length",
+    assert [e[1] for e in redis_client.xrange(stream_key("p", "r"))] == [{b"f": b"length",
                                                                           b"u": b"{}"}]
 
 
 def test_settle_twice_settles_once(redis_client):
     admit("r", limits())
-    assert settlement.settle("r", status="ok", output_tokens=10, now=T0, wfq_correction=False)
+    assert settlement.settle("p", "r", status="ok", output_tokens=10, now=T0, wfq_correction=False)
     before = snapshot(redis_client)
-    assert not settlement.settle("r", status="error", output_tokens=0, now=T0, event={"e": "x"},
+    assert not settlement.settle("p", "r", status="error", output_tokens=0, now=T0,
+                                 event={"e": "x"},
                           wfq_correction=False)
     assert snapshot(redis_client) == before
-    assert not settlement.settle("unknown", status="ok", now=T0)
+    assert not settlement.settle("p", "unknown", status="ok", now=T0)
 
 
 def test_concurrent_settles_settle_once(redis_client):
@@ -214,20 +220,21 @@ def test_concurrent_settles_settle_once(redis_client):
     barrier = threading.Barrier(8)
 
     def settle_all(worker: int) -> int:
-        client = redis.Redis.from_url(redis_url())
+        client = new_redis()
         barrier.wait()
-        return sum(settlement.settle(f"r{i}", status="ok", output_tokens=worker % 5, client=client,
+        return sum(settlement.settle("p", f"r{i}", status="ok", output_tokens=worker % 5,
+                                     client=client,
                               wfq_correction=False) for i in range(20))
 
     with ThreadPoolExecutor(8) as pool:
         wins = sum(pool.map(settle_all, range(8)))
     assert wins == 20
-    assert redis_client.llen(usage_pending_key()) == 20
+    assert redis_client.llen(usage_pending_key("p")) == 20
     assert counter(redis_client, "conc", "tenant", 1) == 0
 
 
 def _admit_many(url: str, worker: int, n: int, out: list[int] | None = None) -> int:
-    client = redis.Redis.from_url(url)
+    client = new_redis()  # url: the parent's, for the record
     lim = limits(output_tpm=600, concurrent_requests=1000, open_streams=1000)
     won = 0
     for i in range(n):
@@ -278,7 +285,7 @@ def test_counters_return_to_zero_after_a_random_mix(redis_client):
         if live and rng.random() < 0.45:
             rid = live.pop(rng.randrange(len(live)))
             for _ in range(rng.choice([1, 1, 2])):
-                settlement.settle(rid, status="ok", prompt_tokens=rng.randint(1, 900),
+                settlement.settle("p", rid, status="ok", prompt_tokens=rng.randint(1, 900),
                            output_tokens=rng.randint(0, 600), now=now, wfq_correction=False)
             continue
         result = admit(f"m{i}", lim, prompt=rng.randint(1, 900), out=rng.randint(1, 600),
@@ -288,18 +295,19 @@ def test_counters_return_to_zero_after_a_random_mix(redis_client):
             live.append(f"m{i}")
             admitted += 1
         for k in redis_client.keys(key("bucket", "*")):  # A1 after every step
-            kind = k.decode().rsplit(":", 3)[1]
+            kind = "key" if b":key:" in k else "tenant"
             burst = {"tenant": {b"in": 20_000, b"out": 5_000},
                      "key": {b"in": 8_000, b"out": 3_000}}[kind][k[-3:].lstrip(b":")]
             assert 0 <= float(redis_client.hget(k, "level")) <= burst
         for k in redis_client.keys(key("conc", "*")) + redis_client.keys(key("streams", "*")):
             assert int(redis_client.get(k)) >= 0
     for rid in live:
-        settlement.settle(rid, status="cancelled", output_tokens=0, now=now, wfq_correction=False)
+        settlement.settle("p", rid, status="cancelled", output_tokens=0, now=now,
+                          wfq_correction=False)
     for k in redis_client.keys(key("conc", "*")) + redis_client.keys(key("streams", "*")):
         assert int(redis_client.get(k)) == 0, k
-    assert redis_client.llen(usage_pending_key()) == admitted  # S2
-    assert redis_client.zcard(deadlines_key()) == 0
+    assert redis_client.llen(usage_pending_key("p")) == admitted  # S2
+    assert redis_client.zcard(deadlines_key("p")) == 0
     assert admitted > 50
 
 
@@ -340,7 +348,7 @@ def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
         sub = await _submit("q", limits())
         assert isinstance(sub, Submission)
         assert [e.request_id for e in wfq.queued_requests("fp")] == ["q"]
-        assert redis_client.hget(req_key("q"), "prompt_ids")  # payload in transit
+        assert redis_client.hget(req_key("fp", "q"), "prompt_ids")  # payload in transit
         await sub.cancel("client_disconnect")
         await sub.cancel("client_disconnect")  # idempotent
         return [e async for e in sub.events()]
@@ -349,10 +357,10 @@ def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
     assert len(events) == 1 and isinstance(events[0], FinishEvent)
     assert events[0].finish_reason == "abort"
     assert wfq.queued_requests("fp") == []
-    [record] = map(json.loads, redis_client.lrange(usage_pending_key(), 0, -1))
+    [record] = map(json.loads, redis_client.lrange(usage_pending_key("fp"), 0, -1))
     assert record["status"] == "cancelled" and record["prompt_tokens"] == 0
     assert record["error_code"] == "client_disconnect"
-    assert not redis_client.hexists(req_key("q"), "prompt_ids")
+    assert not redis_client.hexists(req_key("fp", "q"), "prompt_ids")
     assert level(redis_client, "tenant", 1, "out") == 600  # the whole charge came back
     assert counter(redis_client, "conc", "tenant", 1) == 0
 
@@ -366,15 +374,15 @@ def test_ttft_deadline_yields_an_error_and_cancels(redis_client):
     lim = AdmissionLimits(tenant=limits().tenant, ttft_deadline_s=0.3, total_deadline_s=5)
 
     async def main():
+        start = time.monotonic()  # the deadline runs from admission
         sub = await _submit("slow", lim)
-        start = time.monotonic()
         events = [e async for e in sub.events()]
         return events, time.monotonic() - start
 
     events, took = arun(main())
     assert [type(e) for e in events] == [ErrorEvent] and 0.25 < took < 2
     assert events[0].code == "ttft_deadline_exceeded" and events[0].retryable
-    assert redis_client.hget(req_key("slow"), "state") == b"settled"
+    assert redis_client.hget(req_key("fp", "slow"), "state") == b"settled"
 
 
 def test_attach_finds_only_the_tenants_own_request(redis_client):
@@ -385,3 +393,71 @@ def test_attach_finds_only_the_tenants_own_request(redis_client):
     assert arun(attach("mine", 1)) is not None
     assert arun(attach("mine", 2)) is None  # another tenant's id reads as unknown
     assert arun(attach("nope", 1)) is None
+
+
+# -- the two slots: release tokens (admit.lua A5, release.lua R1; ADR 0018) --------------------
+
+
+def _charge_only(rid: str, lim: AdmissionLimits, *, now: float) -> None:
+    """admit.lua alone: a gateway that died before open.lua wrote the request."""
+    calls = acc._admit_call(request_id=rid, tenant_id=1, key_id=11, pool="p", model="m",
+                            prompt_tokens=100, max_output_tokens=50, stream=True, limits=lim,
+                            now=now, extra=None)
+    assert script("admit").run(get_redis(), calls.charge_keys, calls.charge_args)[0] == 1
+
+
+def _expiry(lim: AdmissionLimits) -> float:
+    return lim.total_deadline_s + acc.DEADLINE_GRACE_S + acc.RELEASE_TOKEN_GRACE_S
+
+
+def test_release_gives_back_once_whoever_repeats_it(redis_client):
+    lim = limits()
+    admit("r", lim)
+    raw = script("settle").run(redis_client, *settlement.settle_call(
+        "p", "r", status="ok", output_tokens=10, now=T0))
+    done = settlement.parse_settle("r", raw, T0)
+    assert done is not None
+    assert settlement.release(done) and counter(redis_client, "conc", "tenant", 1) == 0
+    out = level(redis_client, "tenant", 1, "out")
+    assert not settlement.release(done)  # a retry, or a second winner's: nothing twice
+    assert counter(redis_client, "conc", "tenant", 1) == 0
+    assert level(redis_client, "tenant", 1, "out") == out
+
+
+def test_a_charge_whose_request_was_never_written_is_released_by_a_later_admission(
+        redis_client):
+    lim = limits(concurrent_requests=1)
+    _charge_only("lost", lim, now=T0)
+    assert counter(redis_client, "conc", "tenant", 1) == 1
+    assert not redis_client.exists(req_key("p", "lost"))
+    refused = admit("next", lim, now=T0 + 60)  # the lost one still holds the only slot
+    assert isinstance(refused, Rejected) and refused.reason == Reason.CONCURRENCY
+    assert isinstance(admit("later", lim, now=T0 + _expiry(lim) + 1), Admitted)
+    assert counter(redis_client, "conc", "tenant", 1) == 1  # the new one's, not two
+    assert counter(redis_client, "streams", "key", 11) == 1
+
+
+def test_a_settle_whose_release_never_came_is_released_once_after_its_expiry(redis_client):
+    lim = limits(concurrent_requests=1)
+    admit("r", lim)
+    settled = script("settle").run(redis_client, *settlement.settle_call(
+        "p", "r", status="ok", output_tokens=10, now=T0))
+    done = settlement.parse_settle("r", settled, T0)  # the winner dies before release.lua
+    assert done is not None and counter(redis_client, "conc", "tenant", 1) == 1
+    assert isinstance(admit("b", lim, now=T0 + _expiry(lim) + 1), Admitted)  # prune: freed
+    assert counter(redis_client, "conc", "tenant", 1) == 1
+    assert not settlement.release(done)  # the winner comes back late: the token is gone
+    assert counter(redis_client, "conc", "tenant", 1) == 1  # b's slot is not given back
+
+
+def test_an_id_reused_after_settlement_is_refused_and_its_new_charge_undone(redis_client):
+    lim = limits()
+    admit("r", lim)
+    assert settlement.settle("p", "r", status="ok", output_tokens=50, now=T0,
+                             wfq_correction=False)
+    before = (level(redis_client, "tenant", 1, "out"), counter(redis_client, "conc", "tenant", 1))
+    again = admit("r", lim)  # its token is gone, its settled req hash is still there
+    assert isinstance(again, Rejected) and again.reason == Reason.DUPLICATE
+    after = (level(redis_client, "tenant", 1, "out"), counter(redis_client, "conc", "tenant", 1))
+    assert after == before
+    assert not redis_client.zcard(acc.token_keys(1)[0])

@@ -6,8 +6,10 @@ import re
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.models import Session
 from django.urls import reverse
 
+from infra import sealed_once
 from tenants.auth import AuthError, authenticate, clear_cache
 from tenants.keys import hash_key
 from tenants.models import ApiKey, Membership, Pool, Quota, ServedModel, Tenant, Tier
@@ -78,12 +80,16 @@ def test_issue_key_from_admin_shows_it_once(admin_client, world):
     # POST-redirect-GET: the POST's answer carries no secret; the GET shows it once.
     assert response.status_code == 302 and not KEY_RE.findall(response.content.decode())
     issued_url = response["Location"]
+    parked_sessions = [str(s.get_decoded()) for s in Session.objects.all()]
     response = admin_client.get(issued_url)
     assert "no-store" in response["Cache-Control"]
     page = response.content.decode()
     plaintext = KEY_RE.findall(page)
     assert len(set(plaintext)) == 1
     plaintext = plaintext[0]
+    # While parked between the POST and the GET, the session store held only ciphertext.
+    assert parked_sessions and not any(plaintext in s for s in parked_sessions)
+    assert not response.cookies[sealed_once.COOKIE].value  # the browser's half is dropped
     assert "shown only this once" in page and 'id="copy-key"' in page
     reloaded = admin_client.get(issued_url, follow=True).content.decode()
     assert plaintext not in reloaded and "shown once" in reloaded

@@ -289,10 +289,48 @@ def test_backends_refuse_by_name_what_they_cannot_honour() -> None:
     with pytest.raises(ApiError) as info:
         check_supported(forced, sampling_params(forced, 16), pool("openai_upstream", "llama_cpp"))
     assert info.value.param == "tool_choice" and info.value.code == "unsupported_parameter"
-    lp = chat(logprobs=True, top_logprobs=2)
-    with pytest.raises(ApiError) as info:
-        check_supported(lp, sampling_params(lp, 16), pool("openai_upstream", "vllm"))
-    assert info.value.param == "top_logprobs"
+
+
+BACKENDS = {"sim": pool("simulated"), "vLLM": pool("vllm"),
+            "up/vllm": pool("openai_upstream", "vllm"),
+            "up/openai": pool("openai_upstream", "openai"),
+            "up/llama.cpp": pool("openai_upstream", "llama_cpp")}
+# The table in docs/openai-compatibility.md, row by row: (request, the parameter a refusal
+# names, the backends that refuse it).
+TABLE: list[tuple[dict[str, Any], str, set[str]]] = [
+    ({"tools": [WEATHER]}, "tools", set()),
+    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", {"up/openai",
+                                                                       "up/llama.cpp"}),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function",
+                                          "function": {"name": "get_weather"}}},
+     "tool_choice", {"up/openai", "up/llama.cpp"}),
+    ({"response_format": {"type": "json_object"}}, "response_format",
+     {"up/openai", "up/llama.cpp"}),
+    ({"logprobs": True, "top_logprobs": 2}, "top_logprobs", {"up/openai"}),
+    ({"logprobs": True}, "logprobs", {"up/openai"}),
+    ({"presence_penalty": 0.5, "frequency_penalty": 0.5}, "presence_penalty", set()),
+    ({"logit_bias": {"5": 3}}, "logit_bias", {"up/llama.cpp"}),
+    ({"repetition_penalty": 1.1}, "repetition_penalty", {"up/openai", "up/llama.cpp"}),
+    ({"min_tokens": 2}, "min_tokens", {"up/openai", "up/llama.cpp"}),
+    ({"ignore_eos": True}, "ignore_eos", {"up/openai", "up/llama.cpp"}),
+    ({"n": 3, "seed": 4, "stop": ["x"]}, "n", set()),
+]
+
+
+@pytest.mark.parametrize(("fields", "param", "refused"), TABLE)
+def test_the_per_backend_table_is_what_the_code_does(fields: dict[str, Any], param: str,
+                                                     refused: set[str]) -> None:
+    req = chat(**fields)
+    sp = sampling_params(req, 16)
+    for name, backend in BACKENDS.items():
+        if name not in refused:
+            check_supported(req, sp, backend)
+            continue
+        with pytest.raises(ApiError) as info:
+            check_supported(req, sp, backend)
+        assert (info.value.status, info.value.param, info.value.code) == (
+            400, param, "unsupported_parameter"), name
+        assert f"`{param}`" in info.value.message
 
 
 def test_simulated_backend_refuses_a_pattern_it_cannot_decode() -> None:

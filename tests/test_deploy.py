@@ -26,9 +26,8 @@ from dockerfile_parse import DockerfileParser
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from infra.redis_conn import key
 from tenants.models import Pool
-from tests import procs
+from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +86,36 @@ def test_kustomize_renders_valid_manifests() -> None:
     images = {c["image"] for d in rendered if d["kind"] in ("Deployment", "Job")
               for c in d["spec"]["template"]["spec"]["containers"]}
     assert images and all(i.startswith("registry.example.com/") for i in images), images
+
+
+CELL_OVERLAYS = sorted(p.parent for p in (DEPLOY / "cells").glob("*/kustomization.yaml"))
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("overlay", CELL_OVERLAYS, ids=lambda p: p.name)
+def test_each_cell_overlay_renders_the_base_with_its_cell(overlay: Path) -> None:
+    """docs/adr/0019: one overlay per regional cell; every object carries the cell, the shared
+    config names it (CELL), and the probes' Host stays allowed."""
+    out = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    rendered = [d for d in yaml.safe_load_all(out) if d]
+    assert len(rendered) == len(manifests())
+    for doc in rendered:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        assert doc["metadata"]["labels"]["inference-gateway/cell"] == overlay.name
+    (cfg,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    assert cfg["data"]["CELL"] == overlay.name
+    gateway = next(d for d in rendered if d["kind"] == "Deployment"
+                   and d["metadata"]["name"] == "gateway")
+    probe = gateway["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    host = {h["name"]: h["value"] for h in probe["httpGet"]["httpHeaders"]}["Host"]
+    assert host in cfg["data"]["ALLOWED_HOSTS"].split(",")
+
+
+def test_there_are_cell_overlays_and_cells_stay_out_of_the_config() -> None:
+    assert len(CELL_OVERLAYS) >= 2
+    # CELLS holds every cell's Redis URL (with its password): the Secret's, never the config's.
+    assert "CELLS" not in config()
 
 
 def pod(name: str, kind: str = "Deployment") -> dict[str, Any]:
@@ -214,7 +243,7 @@ def test_entrypoint_starts_a_gateway_and_a_worker_that_serve(redis_client) -> No
     try:
         url = f"http://127.0.0.1:{port}"
         procs.wait_for_http(url + "/healthz", gw)
-        procs.wait_until(lambda: redis_client.zcard(key("workers", "entry-pool")) > 0, 60,
+        procs.wait_until(lambda: redis_client.zcard(rkeys.workers_key("entry-pool")) > 0, 60,
                          "the worker to register", worker)
         # exec: the signalled process is the server itself, not a shell that would swallow it.
         assert "uvicorn" in " ".join(psutil.Process(gw.pid).cmdline())

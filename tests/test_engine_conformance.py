@@ -78,6 +78,10 @@ class Backend:
     runner: Callable[[Callable[[Engine], Any]], Any] | None = None
     priority: bool = False  # orders waiting requests by priority (vLLM's priority policy)
     max_running: int = 8  # sequences the engine runs at once (the priority test fills them)
+    # The upstream server's own completions URL. The priority test's blockers go there
+    # directly and unstreamed: they only hold slots, and eight relayed streams kept vllm
+    # serve's API server so busy on 2 cores that a /metrics scrape took up to 11 s.
+    direct_url: str | None = None
 
 
 class Server:
@@ -113,8 +117,10 @@ class Server:
 def wire_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     log = tmp_path_factory.mktemp("wire") / "server.log"
+    # 250 tokens/s a sequence, not the default 2,000: the priority test's blockers must still
+    # be running when the late requests are seen queued (a few seconds on a loaded machine).
     server = Server([sys.executable, "-m", "tests.upstream_server", "--port", str(port),
-                     "--lora-module", "t7-support"],
+                     "--lora-module", "t7-support", "--decode-tps", "250"],
                     f"http://127.0.0.1:{port}", "/health", log)
     yield server
     server.stop()
@@ -154,17 +160,19 @@ def _simulated() -> Backend:
 
 def _wire(server: Server) -> Backend:
     settings = {"base_url": server.url, "model": "sim", "dialect": "vllm",
-                "idle_timeout_s": 10.0, "first_byte_timeout_s": 10.0,
+                "send_priority": True, "idle_timeout_s": 10.0, "first_byte_timeout_s": 10.0,
                 "lora": {"adapters": [{"name": "support", "tenant_id": 7,
                                        "path": "/loras/7/support"}]}}
-    spec = EngineSpec("conf-wire", "openai_upstream", settings, max_sequences=8,
+    # More connections than the server runs sequences (16): the priority test queues there.
+    spec = EngineSpec("conf-wire", "openai_upstream", settings, max_sequences=32,
                       max_model_len=4096)
 
     def load() -> dict[str, Any]:
         return httpx.get(server.url + "/debug/load", timeout=5).json()
 
     return Backend("upstream-vllm-wire", lambda: build_engine(spec), exact_ids=True,
-                   reports_cached=True, adapters=True, upstream_load=load)
+                   reports_cached=True, adapters=True, upstream_load=load, priority=True,
+                   max_running=16)
 
 
 def _llama(server: Server) -> Backend:
@@ -211,12 +219,16 @@ def _vllm_serve(server: Any) -> Backend:
 
     return Backend("upstream-vllm-serve", lambda: build_engine(spec), exact_ids=True,
                    reports_cached=True, adapters=True, upstream_load=load, priority=True,
-                   max_running=MAX_SEQS)
+                   max_running=MAX_SEQS, direct_url=server.url + "/v1/completions")
 
 
 @pytest.fixture(params=["simulated", "upstream-vllm-wire", "upstream-llama-cpp", "vllm",
                         "upstream-vllm-serve"])
 def backend(request: pytest.FixtureRequest) -> Backend:
+    return _backend(request)
+
+
+def _backend(request: pytest.FixtureRequest) -> Backend:
     if request.param == "simulated":
         return _simulated()
     if request.param == "upstream-vllm-wire":
@@ -482,52 +494,168 @@ def test_adapters_serve_only_their_owner(backend: Backend, settings: Any) -> Non
     assert "does not exist" in str(refused)  # as for any unknown model: nothing leaks
 
 
+class Inconclusive(Exception):
+    """The setup a test needs was not reached; the attempt shows nothing."""
+
+
 def test_waiting_requests_start_in_priority_order(backend: Backend) -> None:
     """With every slot busy, a later request of higher priority (lower number) starts before
-    an earlier one of lower priority once a slot frees."""
+    an earlier one of lower priority once a slot frees.
+
+    What makes it conclusive, checked rather than hoped for: "low" is seen queued before
+    "high" is sent, both are seen queued while every slot runs a blocker, and no blocker ends
+    by itself before one is aborted. (On ``vllm serve`` the queue is read from its /metrics,
+    whose gauges are set from the scheduler's statistics of each engine step, and the blockers
+    are sent to the server directly: see ``Backend.direct_url``.) An attempt that cannot show
+    this is made again, at most three times."""
     if not backend.priority:
         pytest.skip(f"{backend.name} does not order by priority")
-    if backend.name == "upstream-vllm-serve":
-        # Seen failing once on a quiet CI machine: the waiting count read from `vllm serve`'s
-        # /metrics never showed the two late requests queued within 20 s. Until that is
-        # understood, priority order is asserted on the in-process AsyncLLM (same scheduler)
-        # and the upstream's priority field on the wire (test_upstream_backend.py).
-        pytest.skip("the upstream's waiting count from /metrics is not reliable enough here")
     ids = prompt_ids()
+    # As many tokens as the 4096-token context leaves: the blockers must outlast the setup
+    # (8 streams of the tiny model have run at ~300 tokens/s each, so about 13 s).
+    long = 4000 - len(ids)
 
-    def waiting(engine: Engine) -> int:
+    async def queue(engine: Engine) -> tuple[int, int]:
         if backend.upstream_load is not None:
-            return int(backend.upstream_load()["waiting"])
-        return engine.load().waiting
+            # Off the event loop: a scrape of vllm serve's /metrics takes ~0.3 s with streams
+            # running, and a blocking one would hold back the very requests it waits for
+            # (and the blockers' streams).
+            load = await asyncio.to_thread(backend.upstream_load)
+            return int(load["running"]), int(load["waiting"])
+        return engine.load().running, engine.load().waiting
 
     async def scenario(engine: Engine) -> list[str]:
         firsts: list[str] = []
-        started = {f"blk{i}": asyncio.Event() for i in range(backend.max_running)}
+        ended: list[str] = []  # requests that finished by themselves (not aborted)
+        blockers = {f"blk{i}": asyncio.Event() for i in range(backend.max_running)}
+        t0 = time.monotonic()
+        marks: list[str] = []  # what happened when: in the message of an inconclusive try
+
+        def mark(what: str) -> None:
+            marks.append(f"{what} at {time.monotonic() - t0:.1f}s")
 
         async def consume(rid: str, priority: int) -> None:
-            sp = SamplingParams(max_tokens=1500, temperature=0.8, seed=1, ignore_eos=True)
+            sp = SamplingParams(max_tokens=long, temperature=0.8, seed=1, ignore_eos=True)
             req = EngineRequest(rid, ids, sp, cache_salt=uuid.uuid4().hex, priority=priority)
             async for d in engine.generate(req):
                 if d.token_ids and rid not in firsts:
                     firsts.append(rid)
-                    if rid in started:
-                        started[rid].set()
+                    mark(f"{rid} first token")
+                    if rid in blockers:
+                        blockers[rid].set()
+                if d.finish_reason not in (None, FinishReason.ABORT):
+                    ended.append(rid)
+                    mark(f"{rid} ended")
 
-        blockers = [asyncio.ensure_future(consume(rid, 0)) for rid in started]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), 60)
-        late = [asyncio.ensure_future(consume("low", 5))]
-        await asyncio.sleep(0.05)  # "low" arrives first
-        late.append(asyncio.ensure_future(consume("high", -5)))
-        assert await wait_until(lambda: waiting(engine) == 2, timeout=20)
-        await engine.abort("blk0")  # one slot frees
-        assert await wait_until(lambda: "high" in firsts or "low" in firsts, timeout=20)
-        for rid in ["low", "high", *started]:
-            await engine.abort(rid)
-        await asyncio.gather(*blockers, *late, return_exceptions=True)
+        async def occupy(client: httpx.AsyncClient, rid: str) -> None:
+            """A blocker sent straight to the server, unstreamed; cancelling it hangs up,
+            which vLLM's server answers by aborting the request."""
+            body = {"model": "tiny", "prompt": ids, "max_tokens": long, "ignore_eos": True,
+                    "temperature": 0.8, "seed": 1, "priority": 0}
+            response = await client.post(str(backend.direct_url), json=body)
+            ended.append(f"{rid} ({response.status_code})")
+            mark(f"{rid} ended")
+
+        seen: list[str] = []  # the last reads of the queue: what, asked when, answered when
+
+        async def read_queue() -> tuple[int, int]:
+            asked = time.monotonic() - t0
+            got = await queue(engine)
+            seen[:] = [*seen[-5:], f"{got} {asked:.1f}-{time.monotonic() - t0:.1f}s"]
+            return got
+
+        def inconclusive(why: str) -> Inconclusive:
+            return Inconclusive(f"{why}; last reads of (running, waiting) {seen}: {marks}")
+
+        async def queued(n: int) -> None:
+            """Until the engine shows every slot busy and at least n waiting."""
+            deadline = time.monotonic() + 30
+            while not ((got := await read_queue())[0] == backend.max_running
+                       and got[1] >= n):
+                if ended:
+                    raise inconclusive(f"{ended} finished before {n} waiting were seen")
+                assert time.monotonic() < deadline, f"(running, waiting) stayed {got}"
+                await asyncio.sleep(0.02)
+            mark(f"{n} waiting seen")
+
+        client = httpx.AsyncClient(timeout=None)
+        tasks: dict[str, asyncio.Future[None]] = {}
+        try:
+            if backend.direct_url:
+                tasks = {rid: asyncio.ensure_future(occupy(client, rid)) for rid in blockers}
+                await queued(0)
+            else:
+                tasks = {rid: asyncio.ensure_future(consume(rid, 0)) for rid in blockers}
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in blockers.values())),
+                                       60)
+            tasks["low"] = asyncio.ensure_future(consume("low", 5))
+            await queued(1)  # "low" waits first
+            tasks["high"] = asyncio.ensure_future(consume("high", -5))
+            await queued(2)
+            # Both wait, "low" since before "high" came.
+            if ended or set(firsts) & {"low", "high"}:
+                raise inconclusive(f"a slot freed before both waited ({ended} ended)")
+            if backend.direct_url:  # one slot frees
+                tasks["blk0"].cancel()
+            else:
+                await engine.abort("blk0")
+            assert await wait_until(lambda: "high" in firsts or "low" in firsts, timeout=20)
+        finally:  # the engine may be shared: nothing of this attempt runs on
+            for rid, task in tasks.items():
+                await engine.abort(rid)
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await client.aclose()
+        if ended:  # two slots may have freed in one step: which started first says nothing
+            raise inconclusive(f"{ended} finished by themselves")
         return [rid for rid in firsts if rid in ("low", "high")]
 
-    order = run(backend, scenario)
+    # A loaded machine can stall the server's output or its /metrics long enough for the
+    # blockers to end before the queue is seen: CI has seen that twice on `vllm serve` in about
+    # six full runs (the last time /metrics read (0, 0) for the 14 s the blockers ran; never
+    # reproduced on its own, with the suite's vLLM tests before it, or beside a CPU hog). Such
+    # an attempt shows nothing either way, so it is made again; if none of three shows the
+    # queue, the case is skipped with what was seen, never passed. An order that is wrong
+    # always fails.
+    why: Inconclusive | None = None
+    for _ in range(3):
+        try:
+            order = run(backend, scenario)
+            break
+        except Inconclusive as exc:
+            why = exc
+    else:
+        pytest.skip(f"{backend.name}: the queue this case needs was not seen in three "
+                    f"attempts: {why}")
     assert order[0] == "high", order
+
+
+@pytest.fixture(params=["simulated", "vllm", "upstream-vllm-serve", "upstream-llama-cpp"])
+def logprob_backend(request: pytest.FixtureRequest) -> Backend:
+    """The backends that report logprobs (the vLLM-wire stand-in server does not model them)."""
+    return _backend(request)
+
+
+def test_logprobs_are_the_sampled_tokens_and_the_top_k(logprob_backend: Backend) -> None:
+    """Greedy with logprobs=2: an entry per token, the sampled token's logprob and the top
+    alternatives best first, the sampled one first among them (upstreams: vLLM's exact ids,
+    llama.cpp's token text mapped to ids)."""
+    b = logprob_backend
+    deltas = run(b, lambda e: collect(e, request(f"lp-{b.name}", prompt_ids(), 6, logprobs=2)))
+    entries = [lp for d in deltas for lp in d.logprobs or ()]
+    ids = [t for d in deltas for t in d.token_ids]
+    assert entries and deltas[-1].usage is not None
+    if b.exact_ids:
+        assert [e.token_id for e in entries] == ids
+        assert len(ids) == deltas[-1].usage.output_tokens
+    else:
+        # llama.cpp names tokens by text: one that is a piece of a character has no id here.
+        assert len(entries) <= deltas[-1].usage.output_tokens
+    for e in entries:
+        assert e.logprob <= 0 and 1 <= len(e.top) <= 2
+        assert [lp for _, lp in e.top] == sorted((lp for _, lp in e.top), reverse=True)
+        if b.exact_ids:  # greedy: the sampled token is the best
+            assert e.top[0][0] == e.token_id and abs(e.top[0][1] - e.logprob) < 1e-3
 
 
 def test_registry_refuses_an_unsalted_upstream_for_a_shared_pool() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from infra.redis_conn import key
+from tests import rkeys
 from workers.engine.registry import EngineSpec
 from workers.engine.simulated import SimConfig, SimulatedEngine
 from workers.host import EngineHost
@@ -51,7 +51,7 @@ async def until(check: Any, timeout: float = 10.0) -> None:
 
 
 def load_of(redis_client: Any, worker_id: str) -> dict[str, str]:
-    raw = redis_client.hgetall(key("worker", worker_id, "load"))
+    raw = redis_client.hgetall(rkeys.worker_key("restart-pool", worker_id, "load"))
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
@@ -113,4 +113,4 @@ def test_past_its_restart_budget_the_host_leaves_the_pool_and_says_why(
     asyncio.run(main())
     assert host.fatal is not None and "second death" in str(host.fatal)
     assert engine.starts == 2
-    assert redis_client.zscore(key("workers", "restart-pool"), "rw-2") is None  # left the pool
+    assert redis_client.zscore(rkeys.workers_key("restart-pool"), "rw-2") is None  # left the pool

@@ -13,6 +13,7 @@ the test cuts and restores; the shared server is never touched. While it is cut:
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import time
@@ -27,26 +28,19 @@ from metering.models import UsageRecord
 from metering.writer import pending_key, processing_key
 from tenants.models import Pool
 from tests import faults, procs
-from tests.factories import make_key, make_model, make_tenant
+from tests.factories import make_key, make_model, make_tenant, open_quota
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 POOL, MODEL = "fault-db-pool", "sim-fault-db"
-BIG = 10**9
 STALE_S = 6.0
 
 
-def quota() -> dict[str, Any]:
-    return {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-            "concurrent_requests": 50, "open_streams": 50, "max_output_tokens": 4000,
-            "ttft_deadline_s": 20.0, "total_deadline_s": 30.0}
+def quota(**extra: Any) -> dict[str, Any]:
+    return open_quota(streams=50, **extra)
 
 
-def chat(url: str, plain: str) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", timeout=15,
-                      headers={"Authorization": f"Bearer {plain}"},
-                      json={"model": MODEL, "max_tokens": 8,
-                            "messages": [{"role": "user", "content": "Hi"}]})
+chat = functools.partial(faults.chat, model=MODEL, max_tokens=8, timeout=15)
 
 
 def flush_writer(env: dict[str, str]) -> tuple[int, str]:
@@ -92,7 +86,7 @@ def run_db_outage(redis_client: Any) -> dict[str, Any]:
     worker = procs.start_worker(POOL, worker_id="fdb-1", env=env)
     gw, url = procs.start_uvicorn(env=env)
     out: dict[str, Any] = {}
-    try:
+    with procs.supervised(worker, gw, then=proxy.close):
         procs.wait_for_worker(r, POOL, "fdb-1", worker)
         procs.wait_for_http(url + "/healthz", gw)
         out["before"] = chat(url, warm).status_code
@@ -108,25 +102,17 @@ def run_db_outage(redis_client: Any) -> dict[str, Any]:
         admin = admin_client.get("/admin/tenants/tenant/")
         out["admin"] = (admin.status_code, "database is unavailable" in admin.text)
         out["writer_during"] = flush_writer(procs.child_env(env))
-        out["buffered"] = r.llen(pending_key()) + r.llen(processing_key())
+        out["buffered"] = r.llen(pending_key(POOL)) + r.llen(processing_key(POOL))
         time.sleep(max(0.0, STALE_S + 0.5 - (time.monotonic() - cut_at)))
         late = chat(url, warm)
         out["after_bound"] = (late.status_code, late.json()["error"]["code"])
         proxy.restore()
         out["writer_after"] = flush_writer(procs.child_env(env))
         out["records_in_db"] = UsageRecord.objects.filter(tenant_id=tenant.pk).count()
-        out["left_in_redis"] = r.llen(pending_key()) + r.llen(processing_key())
+        out["left_in_redis"] = r.llen(pending_key(POOL)) + r.llen(processing_key(POOL))
         out["recovered"] = chat(url, warm).status_code
         out["alive"] = gw.alive() and worker.alive()
         return out
-    except BaseException:
-        for p in (worker, gw):
-            print(p.name, p.logs()[-4000:])
-        raise
-    finally:
-        for p in (gw, worker):
-            p.stop()
-        proxy.close()
 
 
 def report(res: dict[str, Any]) -> str:

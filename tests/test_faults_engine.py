@@ -17,7 +17,7 @@ import pytest
 from infra.redis_conn import get_redis
 from tenants.models import Pool
 from tests import faults, procs
-from tests.factories import make_key, make_model, make_tenant
+from tests.factories import make_key, make_model, make_tenant, open_quota
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -30,14 +30,10 @@ FAULTS = [
     {"seed": GARBAGE, "kind": "invalid_tokens", "after_tokens": 4},
     {"seed": STALL, "kind": "stall", "after_tokens": 5, "seconds": 3.0},
 ]
-BIG = 10**9
 
 
 def quota(**extra: Any) -> dict[str, Any]:
-    base = {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-            "concurrent_requests": 100, "open_streams": 100, "max_output_tokens": 4000,
-            "ttft_deadline_s": 20.0, "total_deadline_s": 30.0}
-    return {**base, **extra}
+    return open_quota(**extra)
 
 
 def run_engine_faults(redis_client: Any) -> dict[str, Any]:
@@ -52,7 +48,7 @@ def run_engine_faults(redis_client: Any) -> dict[str, Any]:
     r = get_redis()
     worker = procs.start_worker(POOL, worker_id="fe-1", env=ENV)
     gw, url = procs.start_uvicorn(env=ENV)
-    try:
+    with procs.supervised(worker, gw, tail=3000):
         procs.wait_for_worker(r, POOL, "fe-1", worker)
         procs.wait_for_http(url + "/healthz", gw)
         msgs = [{"role": "user", "content": "Tell me something."}]
@@ -81,13 +77,6 @@ def run_engine_faults(redis_client: Any) -> dict[str, Any]:
         return {"outcomes": outcomes, "records": records, "elapsed": time.monotonic() - t0,
                 "stream_tokens": {rid: faults.stream_tokens(r, rid) for rid in records},
                 "worker_alive": worker.alive()}
-    except BaseException:
-        for p in (worker, gw):
-            print(p.name, p.logs()[-3000:])
-        raise
-    finally:
-        for p in (gw, worker):
-            p.stop()
 
 
 def report(res: dict[str, Any]) -> str:

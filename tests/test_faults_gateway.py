@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis
 from tenants.models import Pool
-from tests import faults, procs
-from tests.factories import make_key, make_model, make_tenant
+from tests import faults, procs, rkeys
+from tests.factories import make_key, make_model, make_tenant, open_quota
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -29,15 +29,12 @@ GW_DEAD_AFTER = 1.5
 ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "3",
        "SSE_KEEPALIVE_SECONDS": "0.5", "GATEWAY_HEARTBEAT_SECONDS": "0.2",
        "GATEWAY_DEAD_AFTER_SECONDS": str(GW_DEAD_AFTER)}
-BIG = 10**9
 STREAMS = 40
 MAX_TOKENS = 300  # 7.5 s at 40 tok/s: kill after ~1 s
 
 
-def quota() -> dict[str, Any]:
-    return {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-            "concurrent_requests": 200, "open_streams": 200, "max_output_tokens": 4000,
-            "ttft_deadline_s": 20.0, "total_deadline_s": 30.0}
+def quota(**extra: Any) -> dict[str, Any]:
+    return open_quota(streams=200, **extra)
 
 
 def run_gateway_restart(redis_client: Any) -> dict[str, Any]:
@@ -50,14 +47,14 @@ def run_gateway_restart(redis_client: Any) -> dict[str, Any]:
     worker = procs.start_worker(POOL, worker_id="fg-1", env=ENV)
     gw1, url1 = procs.start_uvicorn(env=ENV)
     gw2, url2 = procs.start_uvicorn(env=ENV)
-    try:
+    with procs.supervised(worker, gw1, gw2, tail=3000):
         procs.wait_for_worker(r, POOL, "fg-1", worker)
         procs.wait_for_http(url1 + "/healthz", gw1)
         procs.wait_for_http(url2 + "/healthz", gw2)
         killed: list[float] = []
 
         def kill(tasks: list[Any]) -> None:
-            procs.wait_until(lambda: r.scard(key("worker", "fg-1", "inflight")) >= STREAMS, 20,
+            procs.wait_until(lambda: r.scard(rkeys.inflight_key(POOL, "fg-1")) >= STREAMS, 20,
                              "streams running")
             time.sleep(1.0)
             killed.append(time.monotonic())
@@ -93,13 +90,6 @@ def run_gateway_restart(redis_client: Any) -> dict[str, Any]:
                 "entry_ids": {rid: faults.entry_ids(r, rid) for rid in records},
                 "leftovers": faults.wait_quiet(r, POOL, ["fg-1"]),
                 "gw2_alive": gw2.alive()}
-    except BaseException:
-        for p in (worker, gw1, gw2):
-            print(p.name, p.logs()[-3000:])
-        raise
-    finally:
-        for p in (gw1, gw2, worker):
-            p.stop()
 
 
 def report(res: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ on the same port. Chosen behaviour while Redis is away (docs/architecture.md "Fa
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -25,28 +26,21 @@ import redis
 from infra.redis_conn import key
 from serving.transport import RELAY_OUTAGE_FAIL_S
 from tenants.models import Pool
-from tests import faults, procs
-from tests.factories import make_key, make_model, make_tenant
+from tests import faults, procs, rkeys
+from tests.factories import make_key, make_model, make_tenant, open_quota
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 POOL, MODEL = "fault-rd-pool", "sim-fault-rd"
-BIG = 10**9
 OUTAGE_S = 4.0  # longer than RELAY_OUTAGE_FAIL_S: streams fail while Redis is away
 SHORT_OUTAGE_S = 1.5  # shorter: they fail on reconnect, when their state is found gone
 
 
-def quota() -> dict[str, Any]:
-    return {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-            "concurrent_requests": 100, "open_streams": 100, "max_output_tokens": 4000,
-            "ttft_deadline_s": 30.0, "total_deadline_s": 60.0}
+def quota(**extra: Any) -> dict[str, Any]:
+    return open_quota(ttft_s=30.0, total_s=60.0, **extra)
 
 
-def chat(url: str, plain: str, max_tokens: int = 5) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", timeout=10,
-                      headers={"Authorization": f"Bearer {plain}"},
-                      json={"model": MODEL, "max_tokens": max_tokens,
-                            "messages": [{"role": "user", "content": "Hi"}]})
+chat = functools.partial(faults.chat, model=MODEL, max_tokens=5, timeout=10)
 
 
 def run_redis_restart(redis_client: Any, outage_s: float = OUTAGE_S) -> dict[str, Any]:
@@ -62,14 +56,14 @@ def run_redis_restart(redis_client: Any, outage_s: float = OUTAGE_S) -> dict[str
            "WORKER_DEAD_AFTER_SECONDS": "2", "SSE_KEEPALIVE_SECONDS": "0.5"}
     worker = procs.start_worker(POOL, worker_id="frd-1", env=env)
     gw, url = procs.start_uvicorn(env=env)
-    try:
+    with procs.supervised(worker, gw, then=server.stop):
         procs.wait_for_worker(r, POOL, "frd-1", worker)
         procs.wait_for_http(url + "/healthz", gw)
         assert chat(url, plain).status_code == 200
         during: dict[str, Any] = {}
 
         def outage(tasks: list[Any]) -> None:
-            procs.wait_until(lambda: r.scard(key("worker", "frd-1", "inflight")) >= 30, 20,
+            procs.wait_until(lambda: r.scard(rkeys.inflight_key(POOL, "frd-1")) >= 30, 20,
                              "streams running")
             time.sleep(0.5)
             during["killed_at"] = time.monotonic()
@@ -110,14 +104,6 @@ def run_redis_restart(redis_client: Any, outage_s: float = OUTAGE_S) -> dict[str
                 "counters": faults.nonzero_counters(r, [tenant], [api_key]),
                 "keys_without_ttl": no_ttl, "procs_alive": worker.alive() and gw.alive(),
                 "records_after": len(faults.settled_records(r))}
-    except BaseException:
-        for p in (worker, gw):
-            print(p.name, p.logs()[-4000:])
-        raise
-    finally:
-        for p in (gw, worker):
-            p.stop()
-        server.stop()
 
 
 def report(res: dict[str, Any]) -> str:

@@ -19,22 +19,18 @@ import pytest
 from infra.redis_conn import get_redis
 from tenants.models import Pool
 from tests import faults, procs
-from tests.factories import make_key, make_model, make_tenant
+from tests.factories import make_key, make_model, make_tenant, open_quota
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 POOL, MODEL = "fault-r-pool", "sim-fault-r"
 ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "5",
        "SSE_KEEPALIVE_SECONDS": "0.5"}
-BIG = 10**9
 MSGS = [{"role": "user", "content": "Write a long essay."}]
 
 
 def quota(**extra: Any) -> dict[str, Any]:
-    base = {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-            "concurrent_requests": 50, "open_streams": 50, "max_output_tokens": 4000,
-            "ttft_deadline_s": 20.0, "total_deadline_s": 30.0}
-    return {**base, **extra}
+    return open_quota(streams=50, **extra)
 
 
 def post(url: str, plain: str, body: dict[str, Any], timeout: float,
@@ -60,7 +56,7 @@ def run_retry_storm(redis_client: Any) -> dict[str, Any]:
     r = get_redis()
     worker = procs.start_worker(POOL, worker_id="fr-1", env=ENV)
     gw, url = procs.start_uvicorn(env=ENV)
-    try:
+    with procs.supervised(worker, gw, tail=3000):
         procs.wait_for_worker(r, POOL, "fr-1", worker)
         procs.wait_for_http(url + "/healthz", gw)
         long_body = {"model": MODEL, "messages": MSGS, "max_tokens": 250}  # ~2.5 s
@@ -100,13 +96,6 @@ def run_retry_storm(redis_client: Any) -> dict[str, Any]:
         return {"attempts": attempts, "answer": answer, "keyed_records": mine(keyed_t),
                 "storm_statuses": storm_statuses, "storm_records": mine(storm_t),
                 "calm": calm_results, "calm_records": mine(calm_t)}
-    except BaseException:
-        for p in (worker, gw):
-            print(p.name, p.logs()[-3000:])
-        raise
-    finally:
-        for p in (gw, worker):
-            p.stop()
 
 
 def report(res: dict[str, Any]) -> str:

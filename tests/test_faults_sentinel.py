@@ -16,37 +16,29 @@ Chosen behaviour (docs/architecture.md "Failure modes", ADR "beyond-redis-sentin
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
-import httpx
 import pytest
 
-from infra.redis_conn import key
 from serving.settlement import Status, settle
 from tenants.models import Pool
-from tests import faults, procs
-from tests.factories import make_key, make_model, make_tenant
+from tests import faults, procs, rkeys
+from tests.factories import make_key, make_model, make_tenant, open_quota
 from tests.redis_ha import SentinelGroup
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 POOL, MODEL, WORKER = "ha-pool", "sim-ha", "ha-1"
-BIG = 10**9
 STREAMS = 30
 
 
-def quota() -> dict[str, Any]:
-    return {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-            "concurrent_requests": 100, "open_streams": 100, "max_output_tokens": 4000,
-            "ttft_deadline_s": 30.0, "total_deadline_s": 60.0}
+def quota(**extra: Any) -> dict[str, Any]:
+    return open_quota(ttft_s=30.0, total_s=60.0, **extra)
 
 
-def chat(url: str, plain: str) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", timeout=10,
-                      headers={"Authorization": f"Bearer {plain}"},
-                      json={"model": MODEL, "max_tokens": 5,
-                            "messages": [{"role": "user", "content": "Hi"}]})
+chat = functools.partial(faults.chat, model=MODEL, max_tokens=5, timeout=10)
 
 
 def run_failover(how: str) -> dict[str, Any]:
@@ -67,7 +59,7 @@ def run_failover(how: str) -> dict[str, Any]:
         during: dict[str, Any] = {"statuses": []}
 
         def failover(_tasks: list[Any]) -> None:
-            procs.wait_until(lambda: r.scard(key("worker", WORKER, "inflight")) >= STREAMS,
+            procs.wait_until(lambda: r.scard(rkeys.inflight_key(POOL, WORKER)) >= STREAMS,
                              20, "streams running")
             time.sleep(0.5)
             during["killed_at"] = time.monotonic()
@@ -93,7 +85,7 @@ def run_failover(how: str) -> dict[str, Any]:
         records = faults.settled_records(r)  # asserts one record per request id
         # A late or repeated settle (a worker retrying after the failover) must not apply again.
         resettled = [o.rid for o in outcomes if o.rid and settle(
-            o.rid, status=Status.ERROR, prompt_tokens=None, output_tokens=None,
+            POOL, o.rid, status=Status.ERROR, prompt_tokens=None, output_tokens=None,
             error_code="worker_lost", client=r)]
         return {"how": how, "outcomes": outcomes, "after": after, "during": during,
                 "records": records,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis
 from tenants.models import Pool
-from tests import faults, procs
-from tests.factories import make_key, make_model, make_tenant
+from tests import faults, procs, rkeys
+from tests.factories import make_key, make_model, make_tenant, open_quota
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -26,13 +26,10 @@ ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": str(DEAD_
        "SSE_KEEPALIVE_SECONDS": "0.5"}
 STREAMS = 100
 SEQS = 45  # per worker: 90 run at once, 10 wait in the queue
-BIG = 10**9
 
 
-def quota() -> dict[str, Any]:
-    return {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-            "concurrent_requests": 500, "open_streams": 500, "max_output_tokens": 4000,
-            "ttft_deadline_s": 40.0, "total_deadline_s": 60.0}
+def quota(**extra: Any) -> dict[str, Any]:
+    return open_quota(streams=500, ttft_s=40.0, total_s=60.0, **extra)
 
 
 def run_worker_lost(redis_client: Any) -> dict[str, Any]:
@@ -46,7 +43,7 @@ def run_worker_lost(redis_client: Any) -> dict[str, Any]:
     w1 = procs.start_worker(POOL, worker_id="fw-1", env=ENV)
     w2 = procs.start_worker(POOL, worker_id="fw-2", env=ENV)
     gw, url = procs.start_uvicorn(env=ENV)
-    try:
+    with procs.supervised(w1, w2, gw, tail=3000):
         procs.wait_for_worker(r, POOL, "fw-1", w1)
         procs.wait_for_worker(r, POOL, "fw-2", w2)
         procs.wait_for_http(url + "/healthz", gw)
@@ -54,10 +51,11 @@ def run_worker_lost(redis_client: Any) -> dict[str, Any]:
         killed_at: list[float] = []
 
         def kill_when_busy(tasks: list[Any]) -> None:
-            procs.wait_until(lambda: r.scard(key("worker", "fw-1", "inflight")) >= SEQS // 2
-                             and r.hlen(key("wfq", POOL, "items")) > 0, 30, "a busy worker")
+            procs.wait_until(lambda: r.scard(rkeys.inflight_key(POOL, "fw-1")) >= SEQS // 2
+                             and r.hlen(rkeys.pool_key("wfq", POOL, "items")) > 0,
+                             30, "a busy worker")
             time.sleep(0.5)  # let its streams carry some tokens
-            victims.update(x.decode() for x in r.smembers(key("worker", "fw-1", "inflight")))
+            victims.update(x.decode() for x in r.smembers(rkeys.inflight_key(POOL, "fw-1")))
             killed_at.append(time.monotonic())
             w1.kill()
 
@@ -78,13 +76,6 @@ def run_worker_lost(redis_client: Any) -> dict[str, Any]:
             "terminals": {rid: len(faults.terminal_entries(r, rid)) for rid in records},
             "survivor_alive": w2.alive(),
         }
-    except BaseException:
-        for p in (w1, w2, gw):
-            print(p.name, p.logs()[-3000:])
-        raise
-    finally:
-        for p in (gw, w1, w2):
-            p.stop()
 
 
 def report(res: dict[str, Any]) -> str:

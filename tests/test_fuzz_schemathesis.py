@@ -30,7 +30,7 @@ from schemathesis.checks import (
 
 from infra.redis_conn import key
 from tenants.management_tokens import issue_token
-from tests import procs
+from tests import procs, rkeys
 from tests import test_inference_live as live_module
 from tests.test_inference_live import MODEL
 from tests.test_inference_live import tenant_key as live_tenant_key
@@ -73,19 +73,21 @@ def _fuzz(operation: Any, strategy: st.SearchStrategy[Any], run: Callable[[Any],
 
 def _snapshot(redis_client: Any, api_key: Any) -> dict[str, Any]:
     """Everything an admission would change for this tenant and key."""
-    names = [key("bucket", scope, ident, kind) for scope, ident in
-             (("tenant", api_key.tenant_id), ("key", api_key.pk)) for kind in ("in", "out")]
-    counters = [key("conc", "tenant", api_key.tenant_id), key("conc", "key", api_key.pk),
-                key("streams", "tenant", api_key.tenant_id), key("streams", "key", api_key.pk)]
+    tenant = api_key.tenant_id
+    names = [rkeys.bucket_key(tenant, scope, ident, kind) for scope, ident in
+             (("tenant", tenant), ("key", api_key.pk)) for kind in ("in", "out")]
+    counters = [rkeys.counter_key(name, tenant, scope, api_key.pk)
+                for name in ("conc", "streams") for scope in ("tenant", "key")]
     return {"buckets": {n: redis_client.hgetall(n) for n in names},
             "counters": [redis_client.get(c) for c in counters],
-            "usage": redis_client.llen(key("usage", "pending")),
+            "usage": len(rkeys.usage_raw(redis_client)),
             "requests": sorted(redis_client.keys(key("req", "*")))}
 
 
 def _settled(redis_client: Any, api_key: Any) -> bool:
     return all(int(redis_client.get(k) or 0) == 0 for k in (
-        key("conc", "tenant", api_key.tenant_id), key("streams", "tenant", api_key.tenant_id)))
+        rkeys.counter_key("conc", api_key.tenant_id),
+        rkeys.counter_key("streams", api_key.tenant_id)))
 
 
 def _with_known_model(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:

@@ -22,7 +22,7 @@ import pytest
 from django.utils import timezone
 
 from infra.redis_conn import key
-from tests import procs
+from tests import procs, rkeys
 from tests.factories import make_key, make_tenant
 from tests.test_inference_live import (
     HELLO,
@@ -311,7 +311,7 @@ def test_a_stolen_key_cannot_spend_more_than_its_cap(live, redis_client) -> None
                    json={"model": MODEL, "messages": HELLO, "max_tokens": 51})
     assert r.status_code == 400 and r.json()["error"]["code"] == "max_tokens_exceeded"
     # The rest of the tenant's budget is still there for its other keys.
-    tenant_out = float(redis_client.hget(key("bucket", "tenant", tenant.pk, "out"), "level"))
+    tenant_out = float(redis_client.hget(rkeys.tenant_bucket(tenant.pk, "out"), "level"))
     assert tenant_out >= 6000 - delivered - 1
     r = httpx.post(live["url"] + CHAT, timeout=30, headers={"Authorization": f"Bearer {honest}"},
                    json={"model": MODEL, "messages": HELLO, "max_tokens": 200,

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis
 from tenants.models import Pool
-from tests import procs
+from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -88,22 +88,15 @@ def setup(redis_client) -> Any:
     w1 = procs.start_worker(POOL, worker_id="inv-w1", env=ENV)
     w2 = procs.start_worker(POOL, worker_id="inv-w2", env=ENV)
     gw, url = procs.start_uvicorn(env=ENV)
-    try:
+    with procs.supervised(w1, w2, gw, tail=3000):
         for wid, proc in (("inv-w1", w1), ("inv-w2", w2)):
             procs.wait_for_worker(redis_client, POOL, wid, proc)
         procs.wait_for_http(url + "/healthz", gw)
         yield {"url": url, "w1": w1, "w2": w2, "gw": gw, "tenants": tenants, "keys": keys}
-    except BaseException:
-        for p in (w1, w2, gw):
-            print(p.name, p.logs()[-3000:])
-        raise
-    finally:
-        for p in (gw, w1, w2):
-            p.stop()
 
 
 def stream_tokens(r: Any, rid: str) -> int:
-    return sum(int(fields.get(b"n", 0)) for _, fields in r.xrange(key("stream", rid)))
+    return sum(int(fields.get(b"n", 0)) for _, fields in r.xrange(rkeys.stream_key(POOL, rid)))
 
 
 def test_every_exit_settles_exactly_once(setup) -> None:
@@ -137,13 +130,13 @@ def test_every_exit_settles_exactly_once(setup) -> None:
     assert refused, "the tight tenant should have been refused at least once"
 
     def records() -> dict[str, dict[str, Any]]:
-        raw = [json.loads(x) for x in r.lrange(key("usage", "pending"), 0, -1)]
+        raw = [json.loads(x) for x in rkeys.usage_raw(r)]
         return {x["request_id"]: x for x in raw}
 
     # Disconnected and orphaned requests settle asynchronously (engine abort, janitor).
     procs.wait_until(lambda: admitted <= set(records()), 30, "a record for every admitted one")
     recs = records()
-    assert len(r.lrange(key("usage", "pending"), 0, -1)) == len(recs)  # exactly one each
+    assert len(rkeys.usage_raw(r)) == len(recs)  # exactly one each
     assert not refused & set(recs)
     statuses = {x["status"] for x in recs.values()}
     assert {"ok", "cancelled", "error"} <= statuses, statuses
@@ -160,14 +153,15 @@ def test_every_exit_settles_exactly_once(setup) -> None:
 
     for tenant in setup["tenants"]:
         for api_key, _ in setup["keys"][tenant.pk]:
-            for name in (key("conc", "key", api_key.pk), key("streams", "key", api_key.pk)):
+            for name in (rkeys.counter_key("conc", tenant.pk, "key", api_key.pk),
+                         rkeys.counter_key("streams", tenant.pk, "key", api_key.pk)):
                 assert int(r.get(name) or 0) == 0, name
-        for name in (key("conc", "tenant", tenant.pk), key("streams", "tenant", tenant.pk)):
+        for name in (rkeys.counter_key("conc", tenant.pk), rkeys.counter_key("streams", tenant.pk)):
             assert int(r.get(name) or 0) == 0, name
         mine = [x for x in recs.values() if x["tenant_id"] == tenant.pk]
         for kind, field in (("in", "prompt_tokens"), ("out", "completion_tokens")):
-            level = float(r.hget(key("bucket", "tenant", tenant.pk, kind), "level") or 0)
-            ts = float(r.hget(key("bucket", "tenant", tenant.pk, kind), "ts") or time.time())
+            level = float(r.hget(rkeys.tenant_bucket(tenant.pk, kind), "level") or 0)
+            ts = float(r.hget(rkeys.tenant_bucket(tenant.pk, kind), "ts") or time.time())
             burst = 60 if (tenant is tight_t and kind == "in") else BURST
             spent = sum(x[field] for x in mine)
             refill = max(0.0, time.time() - ts) / 60 + 1  # rate 1/min, plus rounding

@@ -22,7 +22,7 @@ import pytest
 
 from infra.redis_conn import key
 from tenants.models import Pool
-from tests import procs
+from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.prom import value
 from workers.tokenization import load_tokenizer
@@ -82,7 +82,7 @@ def rid_of(response_id: str) -> str:
 
 
 def usage_records(redis_client) -> list[dict[str, Any]]:
-    return [json.loads(r) for r in redis_client.lrange(key("usage", "pending"), 0, -1)]
+    return [json.loads(r) for r in rkeys.usage_raw(redis_client)]
 
 
 def wait_record(redis_client, rid: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -93,15 +93,16 @@ def wait_record(redis_client, rid: str, timeout: float = 10.0) -> dict[str, Any]
 
 
 def counters(redis_client, api_key) -> dict[str, int]:
-    names = {"conc_t": key("conc", "tenant", api_key.tenant_id),
-             "conc_k": key("conc", "key", api_key.pk),
-             "streams_t": key("streams", "tenant", api_key.tenant_id),
-             "streams_k": key("streams", "key", api_key.pk)}
+    tenant = api_key.tenant_id
+    names = {"conc_t": rkeys.counter_key("conc", tenant),
+             "conc_k": rkeys.counter_key("conc", tenant, "key", api_key.pk),
+             "streams_t": rkeys.counter_key("streams", tenant),
+             "streams_k": rkeys.counter_key("streams", tenant, "key", api_key.pk)}
     return {n: int(redis_client.get(k) or 0) for n, k in names.items()}
 
 
 def bucket_level(redis_client, scope: str, ident: object, kind: str) -> float | None:
-    level = redis_client.hget(key("bucket", scope, ident, kind), "level")
+    level = redis_client.hget(rkeys.bucket_key(ident, scope, ident, kind), "level")
     return None if level is None else float(level)
 
 
@@ -218,7 +219,7 @@ def test_stop_sequences_and_sampling_parameters_reach_the_engine(live) -> None:
 def test_missing_max_tokens_fills_the_context_window(live, redis_client) -> None:
     _, plain = tenant_key(max_context_tokens=64, max_output_tokens=40)
     reply = client(live["url"], plain).chat.completions.create(model=MODEL, messages=HELLO)
-    charged = redis_client.hget(key("req", rid_of(reply.id)), "charged_out")
+    charged = redis_client.hget(rkeys.req_key(POOL, rid_of(reply.id)), "charged_out")
     limit = min(64 - prompt_len(HELLO), 40)
     assert reply.usage.completion_tokens <= limit
     if charged is not None:
@@ -274,7 +275,7 @@ def test_429_retry_after_from_the_refill_rate_and_nothing_charged(live, redis_cl
         c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
     headers = err.value.response.headers
     assert err.value.code == "rate_limit_exceeded"
-    stored_ts = float(redis_client.hget(key("bucket", "tenant", api_key.tenant_id, "in"), "ts"))
+    stored_ts = float(redis_client.hget(rkeys.tenant_bucket(api_key.tenant_id, "in"), "ts"))
     level_at_reject = before + (t0 - stored_ts) * rate / 60
     expected = math.ceil((prompt - level_at_reject) * 60 / rate)
     assert abs(int(headers["retry-after"]) - expected) <= 1
@@ -303,7 +304,7 @@ def test_tenant_headers_are_ignored(live, redis_client) -> None:
     reply = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     record = wait_record(redis_client, rid_of(reply.id))
     assert record["tenant_id"] == mine.tenant_id
-    assert not redis_client.keys(key("bucket", "tenant", other.pk, "*"))
+    assert not redis_client.keys(rkeys.tenant_key("bucket", other.pk, "*"))
 
 
 def test_quota_holds_across_two_gateways(live, redis_client) -> None:
@@ -349,7 +350,7 @@ def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -
     assert out_level is not None and out_level >= 100_000 - record["completion_tokens"] - 1
 
     def engine_idle() -> bool:  # the worker's heartbeat shows the sequence and its KV gone (I5)
-        load = redis_client.hgetall(key("worker", "live-w1", "load"))
+        load = redis_client.hgetall(rkeys.worker_key(POOL, "live-w1", "load"))
         return load.get(b"running") == b"0" and load.get(b"kv_tokens_used") == b"0"
 
     procs.wait_until(engine_idle, 5, "the engine to free the sequence's KV blocks")
@@ -364,7 +365,8 @@ def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
     record = procs.wait_until(lambda: usage_records(redis_client), 5, "a record")[0]
     assert record["status"] == "cancelled" and record["completion_tokens"] == 0
     assert record["prompt_tokens"] == 0
-    assert counters(redis_client, api_key)["conc_t"] == 0
+    # The tenant's counters are given back by release.lua, the step after settle (ADR 0018).
+    procs.wait_until(lambda: counters(redis_client, api_key)["conc_t"] == 0, 5, "the slot back")
 
 
 def test_idle_stream_gets_keepalives_then_an_error_the_client_raises(live, redis_client) -> None:

@@ -12,8 +12,8 @@ from gateway.inference.admission import size_request
 from gateway.inference.errors import ApiError
 from gateway.inference.pools import Catalog, ModelInfo, PoolInfo, PoolLoad
 from gateway.inference.requests import InferenceRequest
-from infra.redis_conn import key
 from tenants.limits import resolve
+from tests import rkeys
 
 MODEL = ModelInfo("m", None, max_model_len=100, created=0)
 OTHER = ModelInfo("other", None, max_model_len=100, created=0)
@@ -52,8 +52,8 @@ def test_choose_pool_by_published_load(redis_client) -> None:
     make_pool(model, name="idle")
     now = time.time()
     for pool, wid, in_flight in (("busy", "w-busy", 15), ("idle", "w-idle", 1)):
-        redis_client.zadd(key("workers", pool), {wid: now})
-        redis_client.hset(key("worker", wid, "load"),
+        redis_client.zadd(rkeys.workers_key(pool), {wid: now})
+        redis_client.hset(rkeys.worker_key(pool, wid, "load"),
                           mapping={"in_flight": in_flight, "max_running": 16})
     pools.forget_catalog()
 
@@ -61,7 +61,7 @@ def test_choose_pool_by_published_load(redis_client) -> None:
         return (await pools.choose_pool("routed", 1, "local", frozenset())).name
 
     assert asyncio.run(pick()) == "idle"
-    redis_client.zadd(key("workers", "idle"), {"w-idle": now - 3600})  # its worker died
+    redis_client.zadd(rkeys.workers_key("idle"), {"w-idle": now - 3600})  # its worker died
     pools.forget_catalog()
     assert asyncio.run(pick()) == "busy"
     pools.forget_catalog()
@@ -192,7 +192,7 @@ def test_overload_sheds_the_tenant_over_its_share_lowest_tier_first(redis_client
     from serving.wfq import Wfq
 
     wfq = Wfq()
-    redis_client.zadd(key("workers", "p"), {"w1": time.time()})  # one live worker, 2 slots
+    redis_client.zadd(rkeys.workers_key("p"), {"w1": time.time()})  # one live worker, 2 slots
 
     def queue(tenant: str, n: int, weight: float, output: int) -> None:
         for i in range(n):
@@ -216,8 +216,10 @@ def test_overload_sheds_the_tenant_over_its_share_lowest_tier_first(redis_client
     assert not shed("small")  # within its share: never shed while another exceeds its own
     # The same backlog in work is a bigger virtual backlog for a lower tier (weight 0.2), so at
     # a level of work where a weight-1 tenant still passes, the lower tier is refused first.
-    queue("gold", 1, 1.0, 40_000)
-    queue("bronze", 1, 0.2, 40_000)
+    # 30,000 output tokens: 60,010 units of tokens plus 18,012 of KV time (ADR 0017), below the
+    # 100,000 threshold at weight 1 and five times above it at weight 0.2.
+    queue("gold", 1, 1.0, 30_000)
+    queue("bronze", 1, 0.2, 30_000)
     assert not shed("gold") and shed("bronze")
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from infra.redis_conn import key, redis_url
+from infra.redis_conn import key, new_redis, pool_key
 from serving import admission as acc
 from serving import janitor, transport, wfq, wire
 from serving.admission import AdmissionLimits, ScopeLimits
@@ -44,25 +44,25 @@ def admit_and_dispatch(r: redis.Redis, rid: str, worker: str, *, tenant: int = 1
 
 def claim_and_deliver(r: redis.Redis, rid: str, worker: str, tokens: int) -> None:
     """What a worker does before dying: claim, then stream ``tokens`` tokens."""
-    reply = script("claim").run(r, [req_key(rid)], [worker, inflight_key(worker), "",
+    reply = script("claim").run(r, [req_key("jp", rid)], [worker, inflight_key("jp", worker), "",
                                                          *wire.PAYLOAD_FIELDS])
     assert reply[0] == 1
     for _ in range(tokens):
-        r.xadd(stream_key(rid), {"t": "x", "n": 1})
-        r.hincrby(req_key(rid), "delivered", 1)
+        r.xadd(stream_key("jp", rid), {"t": "x", "n": 1})
+        r.hincrby(req_key("jp", rid), "delivered", 1)
 
 
 def register(r: redis.Redis, worker: str, *, age: float) -> None:
-    r.zadd(key("workers", "jp"), {worker: now(r) - age})
+    r.zadd(pool_key("workers", "jp"), {worker: now(r) - age})
     r.sadd(key("pools"), "jp")
 
 
 def last_entry(r: redis.Redis, rid: str) -> dict[bytes, bytes]:
-    return r.xrevrange(stream_key(rid), count=1)[0][1]
+    return r.xrevrange(stream_key("jp", rid), count=1)[0][1]
 
 
 def records(r: redis.Redis) -> dict[str, dict]:
-    return {x["request_id"]: x for x in map(json.loads, r.lrange(usage_pending_key(), 0, -1))}
+    return {x["request_id"]: x for x in map(json.loads, r.lrange(usage_pending_key("jp"), 0, -1))}
 
 
 def test_dead_worker_requests_get_retryable_error_and_are_billed_for_delivered(redis_client):
@@ -81,43 +81,43 @@ def test_dead_worker_requests_get_retryable_error_and_are_billed_for_delivered(r
     got = records(r)
     assert got["running"]["completion_tokens"] == 7 and got["running"]["status"] == "error"
     assert got["unclaimed"]["completion_tokens"] == 0
-    assert r.zscore(key("workers", "jp"), "dead") is None
-    assert r.scard(inflight_key("dead")) == 0
+    assert r.zscore(pool_key("workers", "jp"), "dead") is None
+    assert r.scard(inflight_key("jp", "dead")) == 0
     for pattern in ("conc:*", "streams:*"):
         assert all(int(r.get(k)) == 0 for k in r.keys(key(pattern)))
     # Sweeping again changes nothing.
     assert janitor.sweep().as_dict() == {"dead_workers": [], "lost_requests": [],
                                          "orphaned_requests": [], "expired_requests": []}
-    assert r.llen(usage_pending_key()) == 2
+    assert r.llen(usage_pending_key("jp")) == 2
 
 
 def test_a_live_worker_is_left_alone(redis_client):
     admit_and_dispatch(redis_client, "fine", "alive")
     register(redis_client, "alive", age=0.1)
     assert janitor.sweep().dead_workers == []
-    assert redis_client.hget(req_key("fine"), "state") == b"queued"
-    assert redis_client.sismember(inflight_key("alive"), "fine")
+    assert redis_client.hget(req_key("jp", "fine"), "state") == b"queued"
+    assert redis_client.sismember(inflight_key("jp", "alive"), "fine")
 
 
 def test_a_heartbeat_that_lands_before_the_reap_wins(redis_client):
     r = redis_client
     admit_and_dispatch(r, "saved", "slow")
     register(r, "slow", age=10)
-    keys = [key("workers", "jp"), key("pools"), key("worker", "slow", "reaped"),
-            key("worker", "slow", "load")]
+    keys = [pool_key("workers", "jp"), pool_key("worker", "jp", "slow", "reaped"),
+            pool_key("worker", "jp", "slow", "load")]
     assert script("heartbeat").run(r, keys, ["slow", "jp", 10]) == 1
     assert janitor.reap_worker(r, "jp", "slow", janitor.SweepReport()) is False
-    assert r.hget(req_key("saved"), "state") == b"queued"
+    assert r.hget(req_key("jp", "saved"), "state") == b"queued"
 
 
 def test_a_reaped_worker_never_beats_again_under_its_id(redis_client):
     r = redis_client
     register(r, "gone", age=10)
     janitor.sweep()
-    keys = [key("workers", "jp"), key("pools"), key("worker", "gone", "reaped"),
-            key("worker", "gone", "load")]
+    keys = [pool_key("workers", "jp"), pool_key("worker", "jp", "gone", "reaped"),
+            pool_key("worker", "jp", "gone", "load")]
     assert script("heartbeat").run(r, keys, ["gone", "jp", 10]) == 0
-    assert r.zscore(key("workers", "jp"), "gone") is None
+    assert r.zscore(pool_key("workers", "jp"), "gone") is None
 
 
 def test_many_janitors_at_once_settle_each_request_once(redis_client):
@@ -130,16 +130,16 @@ def test_many_janitors_at_once_settle_each_request_once(redis_client):
     barrier = threading.Barrier(6)
 
     def sweep(_: int) -> list[str]:
-        client = redis.Redis.from_url(redis_url())
+        client = new_redis()
         barrier.wait()
         return janitor.sweep(client).lost_requests
 
     with ThreadPoolExecutor(6) as pool:
         lost = [rid for batch in pool.map(sweep, range(6)) for rid in batch]
     assert sorted(lost) == sorted(rids)  # every request settled by exactly one janitor
-    assert r.llen(usage_pending_key()) == 30
+    assert r.llen(usage_pending_key("jp")) == 30
     for i, rid in enumerate(rids):
-        errors = [e for _, e in r.xrange(stream_key(rid)) if b"e" in e]
+        errors = [e for _, e in r.xrange(stream_key("jp", rid)) if b"e" in e]
         assert len(errors) == 1
         assert records(r)[rid]["completion_tokens"] == i % 4
 
@@ -151,7 +151,7 @@ def test_overdue_queued_request_is_expired_and_leaves_its_queue(redis_client):
                                 limits=LIMITS), acc.Admitted)
     wfq.enqueue("jp", "1", "late", weight=1.0, prompt_tokens=10, max_output_tokens=50,
                 kv_tokens=60)
-    deadline = r.zscore(deadlines_key(), "late")
+    deadline = r.zscore(deadlines_key("jp"), "late")
     assert janitor.settle_overdue(r, now=deadline - 1).expired_requests == []
     assert janitor.settle_overdue(r, now=deadline + 1).expired_requests == ["late"]
     assert wfq.queued_requests("jp") == []
@@ -159,7 +159,7 @@ def test_overdue_queued_request_is_expired_and_leaves_its_queue(redis_client):
     assert entry[b"e"] == b"deadline_exceeded" and entry[b"r"] == b"0"
     record = records(r)["late"]
     assert record["status"] == "expired" and record["prompt_tokens"] == 0
-    assert r.zcard(deadlines_key()) == 0
+    assert r.zcard(deadlines_key("jp")) == 0
 
 
 def test_overdue_running_request_is_settled_and_its_worker_told_to_abort(redis_client):
@@ -170,12 +170,12 @@ def test_overdue_running_request_is_settled_and_its_worker_told_to_abort(redis_c
     pubsub = r.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(transport.cancel_channel("jp"))
     pubsub.get_message(timeout=1)
-    deadline = r.zscore(deadlines_key(), "stuck")
+    deadline = r.zscore(deadlines_key("jp"), "stuck")
     assert janitor.settle_overdue(r, now=deadline + 1).expired_requests == ["stuck"]
     assert records(r)["stuck"]["completion_tokens"] == 3
     message = pubsub.get_message(timeout=2)
     assert message and message["data"] == b"stuck\tdeadline_exceeded"
-    assert not r.sismember(inflight_key("w"), "stuck")
+    assert not r.sismember(inflight_key("jp", "w"), "stuck")
     pubsub.close()
 
 

@@ -11,6 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from infra import leased_queue
+from infra.redis_conn import tenant_key
 from metering import rollups, writer
 from metering.admin import CappedCountPaginator
 from metering.models import UsageRecord, UsageRollup
@@ -37,8 +38,12 @@ def hour_of_ms(ms: int) -> datetime:
     return writer.hour_of(datetime.fromtimestamp(ms / 1000, UTC))
 
 
+POOL = "p"  # settlement pushes onto the request's pool's queue; the writer walks the pools
+
+
 def push(redis_client, *records: dict) -> None:
-    redis_client.rpush(writer.pending_key(), *(json.dumps(r) for r in records))
+    redis_client.sadd(writer.pools_key(), POOL)
+    redis_client.rpush(writer.pending_key(POOL), *(json.dumps(r) for r in records))
 
 
 def test_flush_writes_every_field_and_empties_redis(redis_client) -> None:
@@ -50,8 +55,8 @@ def test_flush_writes_every_field_and_empties_redis(redis_client) -> None:
     assert (a.prompt_tokens, a.cached_tokens, a.completion_tokens) == (5, 1, 3)
     assert (a.queue_wait_ms, a.ttft_ms, a.total_ms, a.status) == (4, 20, 90, "ok")
     assert a.finished_at == T0 and a.started_at == T0 - timedelta(seconds=1)
-    assert redis_client.llen(writer.pending_key()) == 0
-    assert redis_client.llen(writer.processing_key()) == 0
+    assert redis_client.llen(writer.pending_key(POOL)) == 0
+    assert redis_client.llen(writer.processing_key(POOL)) == 0
 
 
 def test_records_hold_no_content_fields() -> None:
@@ -71,14 +76,14 @@ def test_same_record_twice_is_written_once(redis_client) -> None:
 def test_batch_left_by_a_crashed_writer_is_written_first(redis_client) -> None:
     push(redis_client, *(record(f"r{i}") for i in range(5)))
     # A writer claimed a batch and died before committing: its batch sits in processing.
-    redis_client.set(writer.key("usage", "writer_lease"), "dead-writer", px=10)
-    redis_client.lmove(writer.pending_key(), writer.processing_key(), "LEFT", "RIGHT")
-    redis_client.lmove(writer.pending_key(), writer.processing_key(), "LEFT", "RIGHT")
-    redis_client.delete(writer.key("usage", "writer_lease"))  # its lease ran out
+    redis_client.set(writer.lease_key(POOL), "dead-writer", px=10)
+    redis_client.lmove(writer.pending_key(POOL), writer.processing_key(POOL), "LEFT", "RIGHT")
+    redis_client.lmove(writer.pending_key(POOL), writer.processing_key(POOL), "LEFT", "RIGHT")
+    redis_client.delete(writer.lease_key(POOL))  # its lease ran out
     writer.flush(batch_size=2)
     assert sorted(UsageRecord.objects.values_list("request_id", flat=True)) == [
         f"r{i}" for i in range(5)]
-    assert redis_client.llen(writer.processing_key()) == 0
+    assert redis_client.llen(writer.processing_key(POOL)) == 0
 
 
 def test_crash_after_commit_before_release_duplicates_nothing(redis_client, monkeypatch) -> None:
@@ -86,25 +91,25 @@ def test_crash_after_commit_before_release_duplicates_nothing(redis_client, monk
     real = leased_queue._RELEASE
     monkeypatch.setattr(leased_queue, "_RELEASE", "return 0")  # the release never happens
     writer.flush()
-    assert redis_client.llen(writer.processing_key()) == 2  # still held in Redis
+    assert redis_client.llen(writer.processing_key(POOL)) == 2  # still held in Redis
     monkeypatch.setattr(leased_queue, "_RELEASE", real)
     writer.flush()
     assert UsageRecord.objects.count() == 2
-    assert redis_client.llen(writer.processing_key()) == 0
+    assert redis_client.llen(writer.processing_key(POOL)) == 0
 
 
 def test_a_writer_without_the_lease_claims_nothing(redis_client) -> None:
     push(redis_client, record("held"))
-    redis_client.set(writer.key("usage", "writer_lease"), "someone-else", px=60_000)
+    redis_client.set(writer.lease_key(POOL), "someone-else", px=60_000)
     assert writer.flush() is None
-    claimed = redis_client.eval(leased_queue._CLAIM, 3, writer.pending_key(),
-                                writer.processing_key(), writer.key("usage", "writer_lease"),
+    claimed = redis_client.eval(leased_queue._CLAIM, 3, writer.pending_key(POOL),
+                                writer.processing_key(POOL), writer.lease_key(POOL),
                                 "not-the-token", 10)
-    assert claimed is None and redis_client.llen(writer.pending_key()) == 1
+    assert claimed is None and redis_client.llen(writer.pending_key(POOL)) == 1
 
 
 def test_unreadable_records_are_kept_aside_not_lost(redis_client) -> None:
-    redis_client.rpush(writer.pending_key(), b"{oops", json.dumps({"request_id": "no-tenant"}))
+    redis_client.rpush(writer.pending_key(POOL), b"{oops", json.dumps({"request_id": "no-tenant"}))
     push(redis_client, record("good"))
     result = writer.flush()
     assert result is not None and result.rejected == 2 and result.inserted == 1
@@ -190,7 +195,7 @@ def test_flush_feeds_the_prometheus_counters(redis_client) -> None:
     tenant = make_tenant("metered")
     push(redis_client, record("m1", tenant=tenant.pk, prompt=5, completion=3),
          record("m2", tenant=tenant.pk, prompt=7, completion=4, status="cancelled"))
-    redis_client.set(writer.key("streams", "tenant", tenant.pk), 2)
+    redis_client.set(tenant_key("streams", tenant.pk, "tenant"), 2)
     redis_client.hincrby(metrics.rejected_key(), f"{tenant.pk}|sim-small|input_tokens", 3)
     flush_usage()
     got = samples(metrics.render())
@@ -222,7 +227,7 @@ def test_a_scrape_reads_by_name_and_never_scans_the_keyspace(redis_client, monke
     from tests.factories import make_tenant
 
     tenant = make_tenant("scanned")
-    redis_client.set(writer.key("streams", "tenant", tenant.pk), 1)
+    redis_client.set(tenant_key("streams", tenant.pk, "tenant"), 1)
     push(redis_client, record("s1", tenant=tenant.pk))
     flush_usage()
     sent: list[str] = []

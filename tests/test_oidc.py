@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jwt
 import pytest
@@ -17,48 +15,10 @@ from tenants import auth, oidc
 from tenants.auth import AuthError, authenticate_request
 from tenants.models import IdentityProvider
 from tests.factories import bearer, make_key, make_tenant
+from tests.oidc_provider import AUDIENCE, ISSUER, JwksServer, call, public_jwk, token
 
-ISSUER = "https://idp.acme.example/"
-AUDIENCE = "inference-gateway"
 INVALID = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
                      "param": None, "code": "invalid_api_key"}}
-
-
-class JwksServer:
-    """A JWKS endpoint on 127.0.0.1 serving whatever keys the test puts in ``keys``."""
-
-    def __init__(self) -> None:
-        self.keys: list[dict] = []
-        self.fetches = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                server.fetches += 1
-                body = json.dumps({"keys": server.keys}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}/jwks.json"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def public_jwk(private_key, kid: str, alg: str) -> dict:
-    algo = jwt.get_algorithm_by_name(alg)
-    data = json.loads(algo.to_jwk(private_key.public_key()))
-    return data | {"kid": kid, "alg": alg, "use": "sig"}
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +50,6 @@ def idp(db, redis_client, jwks):
         tenant=tenant, name="Acme SSO", issuer=ISSUER, audience=AUDIENCE, jwks_url=jwks.url,
         algorithms=["RS256", "ES256"],
     )
-
-
-def token(key, *, kid="k1", alg="RS256", **overrides) -> str:
-    now = int(time.time())
-    claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": "svc-1", "iat": now, "nbf": now - 1,
-              "exp": now + 300} | overrides
-    claims = {k: v for k, v in claims.items() if v is not None}
-    return jwt.encode(claims, key, algorithm=alg, headers={"kid": kid})
-
-
-def call(tok: str):
-    return authenticate_request({"Authorization": f"Bearer {tok}"}, "203.0.113.9")
 
 
 def rejected(tok: str) -> AuthError:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -19,47 +17,7 @@ from tenants.auth import AuthError
 from tenants.models import IdentityProvider
 from tests import procs
 from tests.factories import make_key, make_tenant
-from tests.test_oidc import AUDIENCE, ISSUER, call, public_jwk, token
-
-
-class FlakyJwks:
-    """A JWKS endpoint that can be healthy, failing (500) or hanging (never answers in time)."""
-
-    def __init__(self, keys: list[dict]) -> None:
-        self.keys = keys
-        self.mode = "ok"
-        self.hang_s = 2.0
-        self.fetches = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.fetches += 1
-                if outer.mode == "hang":
-                    time.sleep(outer.hang_s)
-                if outer.mode != "ok":
-                    self.send_response(500)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                body = json.dumps({"keys": outer.keys}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}/jwks.json"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from tests.oidc_provider import AUDIENCE, ISSUER, JwksServer, call, public_jwk, token
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +27,7 @@ def rsa_key():
 
 @pytest.fixture
 def flaky(rsa_key, settings):
-    server = FlakyJwks([public_jwk(rsa_key, "k1", "RS256")])
+    server = JwksServer([public_jwk(rsa_key, "k1", "RS256")])
     oidc.jwks_cache.clear()
     auth.clear_cache()
     yield server
@@ -152,7 +110,7 @@ def test_a_hanging_provider_does_not_delay_api_key_requests(redis_client, rsa_ke
     """Live gateway: JWTs whose JWKS fetch hangs for 3 s run alongside API-key requests that
     miss the auth cache (AUTH_CACHE_SECONDS=0: every one is a database lookup). Before, the two
     shared one thread and the API-key requests waited the full 3 s."""
-    hang = FlakyJwks([public_jwk(rsa_key, "k1", "RS256")])
+    hang = JwksServer([public_jwk(rsa_key, "k1", "RS256")])
     hang.mode, hang.hang_s = "hang", 3.0
     tenant = make_tenant("acme")
     IdentityProvider.objects.create(tenant=tenant, name="Acme SSO", issuer=ISSUER,

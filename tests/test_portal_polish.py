@@ -21,6 +21,7 @@ from metering.billing import alerts
 from metering.billing.models import Price, SpendAlert
 from tenants.auth import clear_cache
 from tenants.models import ApiKey, Pool
+from tests import rkeys
 from tests.factories import make_tenant
 from tests.worlds import build_world, price, record, roll_up, this_hour
 
@@ -228,15 +229,14 @@ def test_api_docs_load_nothing_from_other_sites(client, world):
 def test_pool_live_status_from_heartbeats(redis_client, settings):
     import time
 
-    from infra.redis_conn import key
     from serving import wfq
     from tenants.pool_status import pool_state
 
     settings.WORKER_DEAD_AFTER_SECONDS = 5
     now = time.time()
-    redis_client.zadd(key("workers", "p-live"), {"w-fresh": now - 1, "w-stale": now - 60})
+    redis_client.zadd(rkeys.workers_key("p-live"), {"w-fresh": now - 1, "w-stale": now - 60})
     for wid, running in (("w-fresh", 3), ("w-stale", 9)):
-        redis_client.hset(key("worker", wid, "load"), mapping={
+        redis_client.hset(rkeys.worker_key("p-live", wid, "load"), mapping={
             "running": running, "max_running": 8, "kv_tokens_used": 1000,
             "kv_tokens_total": 4000, "waiting": 1, "draining": 0})
     wfq.Wfq(redis_client).enqueue("p-live", "7", "req-a", weight=1.0, prompt_tokens=10,

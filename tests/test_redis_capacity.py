@@ -65,6 +65,18 @@ def test_cells_follow_replicas_when_redis_is_not_the_limit() -> None:
     assert p.cells == math.ceil(110 / 20) == 6
 
 
+def test_cells_with_redis_cluster_and_regions() -> None:
+    # 7 shards; with Redis Cluster a cell may run 4 primaries: Redis needs 2 cells, GPUs 3.
+    p = plan_redis(COST, output_tpm=2e7, tokens_per_request=320, shards_per_cell=4,
+                   max_replicas_per_cell=50)
+    assert (p.cells_for_redis, p.cells_for_replicas, p.cells) == (2, 3, 3)
+    # Three regions need a cell each even when one would carry the load.
+    small = plan_redis(COST, output_tpm=2e6, tokens_per_request=320, regions=3)
+    assert (small.cells_for_redis, small.cells_for_replicas, small.cells) == (1, 1, 3)
+    with pytest.raises(RedisPlanError):
+        plan_redis(COST, output_tpm=2e6, tokens_per_request=320, shards_per_cell=0)
+
+
 @pytest.mark.parametrize("kwargs", [
     {"output_tpm": 0, "tokens_per_request": 300},
     {"output_tpm": 1e6, "tokens_per_request": 0.5},
@@ -97,6 +109,11 @@ def test_command_reads_a_measured_cost(tmp_path, capsys) -> None:
     call_command("plan_redis", "--cpu-us-per-request", "800", "--cpu-us-per-token", "8",
                  "--tokens-per-request", "320", "--demand-tpm", "2e7")
     assert "7 shard(s)" in capsys.readouterr().out
+    call_command("plan_redis", "--cpu-us-per-request", "800", "--cpu-us-per-token", "8",
+                 "--tokens-per-request", "320", "--demand-tpm", "2e7", "--shards-per-cell", "4",
+                 "--regions", "2", "--json")
+    (plan,) = json.loads(capsys.readouterr().out)["plans"]
+    assert (plan["shards"], plan["cells_for_redis"], plan["cells"]) == (7, 2, 3)
 
 
 def test_command_without_a_cost_says_what_to_give() -> None:

@@ -28,11 +28,11 @@ import psutil
 import pytest
 import redis
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis
 from tenants import serve_status
 from tenants.models import Pool
-from tests import faults, procs
-from tests.factories import make_key, make_model, make_tenant
+from tests import faults, procs, rkeys
+from tests.factories import make_key, make_model, make_tenant, open_quota
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -48,13 +48,10 @@ SLOW = {"decode_tokens_per_s": 20.0, "pool_tokens_per_s": None}  # streams last 
 LONG = {"model": MODEL, "messages": [{"role": "user", "content": "A long story."}],
         "max_tokens": 2000}
 SHORT = {**LONG, "max_tokens": 5}
-BIG = 10**9
 
 
-def quota() -> dict[str, Any]:
-    return {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-            "concurrent_requests": 100, "open_streams": 100, "max_output_tokens": 4000,
-            "ttft_deadline_s": 40.0, "total_deadline_s": 120.0}
+def quota(**extra: Any) -> dict[str, Any]:
+    return open_quota(ttft_s=40.0, total_s=120.0, **extra)
 
 
 def ensure_rows() -> None:
@@ -91,7 +88,7 @@ def alive(p: psutil.Process) -> bool:
 
 
 def worker_registered(pid: int) -> bool:
-    return any(f"-{pid}-" in m.decode() for m in get_redis().zrange(key("workers", GOOD), 0, -1))
+    return any(f"-{pid}-" in m.decode() for m in get_redis().zrange(rkeys.workers_key(GOOD), 0, -1))
 
 
 def pool_worker_up(serve: procs.Proc) -> bool:
@@ -161,8 +158,8 @@ def stream_once(url: str, plain: str, body: dict[str, Any]) -> faults.Outcome:
 def _all_started(url: str, n: int) -> bool:
     r = get_redis()
     running = 0
-    for wid in r.zrange(key("workers", GOOD), 0, -1):
-        running += r.scard(key("worker", wid.decode(), "inflight"))
+    for wid in r.zrange(rkeys.workers_key(GOOD), 0, -1):
+        running += r.scard(rkeys.inflight_key(GOOD, wid.decode()))
     return running >= n
 
 
@@ -330,7 +327,8 @@ def test_a_stopping_gateway_ends_open_streams_with_a_retryable_error(redis_clien
             queued = threading.Thread(target=lambda: waiting.append(
                 stream_once(url, plain, {**LONG, "model": BAD_MODEL})))
             queued.start()
-            procs.wait_until(lambda: redis_client.hlen(key("wfq", BAD, "items")), 10, "queued")
+            procs.wait_until(lambda: redis_client.hlen(rkeys.pool_key("wfq", BAD, "items")), 10,
+                             "queued")
             gateway.signal(signal.SIGTERM)
             stopped.append(time.monotonic())
             queued.join(10)
@@ -346,7 +344,7 @@ def test_a_stopping_gateway_ends_open_streams_with_a_retryable_error(redis_clien
         assert gateway.popen.wait(10) in (0, -signal.SIGTERM)
         # Cancelled: the worker freed the slots, the queued one left its queue.
         settled_once([o.rid for o in [*outcomes, *waiting]], 10)
-        procs.wait_until(lambda: not redis_client.scard(key("worker", "sv-gw-w1", "inflight")),
+        procs.wait_until(lambda: not redis_client.scard(rkeys.inflight_key(GOOD, "sv-gw-w1")),
                          10, "the worker idle")
     except BaseException:
         print(gateway.logs()[-3000:], worker.logs()[-3000:])
@@ -441,9 +439,8 @@ def serves(url: str, plain: str, body: dict[str, Any]) -> bool:
 def _running(redis_port: int, pool: str) -> int:
     """Sequences the embedded Redis shows running on the pool's workers."""
     r = redis.Redis(port=redis_port)
-    prefix = os.environ.get("REDIS_KEY_PREFIX", "igw")
-    return sum(r.scard(f"{prefix}:worker:{wid.decode()}:inflight")
-               for wid in r.zrange(f"{prefix}:workers:{pool}", 0, -1))
+    return sum(r.scard(rkeys.inflight_key(pool, wid.decode()))
+               for wid in r.zrange(rkeys.workers_key(pool), 0, -1))
 
 
 def port_open(port: int) -> bool:

@@ -36,6 +36,10 @@ def test_good_environment_starts():
     ("LOG_LEVEL", "LOUD"),
     ("MAX_REQUEST_BYTES", "12"),
     ("WORKER_HEARTBEAT_SECONDS", "soon"),
+    ("CELLS", "not json"),
+    ("CELLS", '{"eu": {"url": "https://eu.example"}}'),  # no redis_url
+    ("CELL", "nowhere"),  # not one of CELLS
+    ("CELL_SHARE_FLOOR", "2"),
 ])
 def test_bad_value_stops_startup_naming_the_setting(name, value):
     done = start(**{name: value})

@@ -233,6 +233,7 @@ def max_decode_gap(chunk: int) -> tuple[float, float, float]:
         decode_tokens_per_s=100,
         prefill_tokens_per_s=10_000,
         prefill_chunk_tokens=chunk,
+        long_prefill_token_threshold=0,  # the step's budget alone chunks the prompt
         step_overhead_s=0.001,
         max_model_len=16_384,
     )
@@ -578,3 +579,138 @@ def test_not_started_and_duplicate_ids_are_refused():
     first, second = simulate(SMALL, duplicate)
     assert second.error is not None and not second.error.retryable
     assert first.error is None and len(first.ids) == 50
+
+
+# --- prefill and decode budgeted apart, vLLM's chunked-prefill limits (docs/adr/0017) -------
+
+
+def long_prompt(n: int, seed: int = 3) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, TOK.vocab_size) for _ in range(n)]
+
+
+def test_prefill_has_its_own_budget_apart_from_the_pools_decode_rate():
+    config = SimConfig(decode_tokens_per_s=500, pool_tokens_per_s=2000,
+                       prefill_tokens_per_s=20_000)
+    assert config.step_seconds(8, 0) == pytest.approx(8 / 2000)
+    # 2,000 prompt tokens take 0.1 s at 20,000 tok/s, not 1 s at the pool's decode rate; a
+    # step with both takes the longer of the two (the batch's roofline), not their sum.
+    assert config.step_seconds(0, 2000) == pytest.approx(0.1)
+    assert config.step_seconds(8, 2000) == pytest.approx(0.1)
+    assert config.prefill_tokens_per_s >= 10 * config.pool_tokens_per_s  # defaults, measured
+
+
+def flood_ttft(threshold: int, priority_short: int = 0) -> tuple[float, float]:
+    """TTFT of a short prompt arriving while a 16,000-token prompt is being prefilled."""
+    config = SimConfig(kv_cache_tokens=200_000, pool_tokens_per_s=2000,
+                       prefill_tokens_per_s=20_000, max_num_batched_tokens=2048,
+                       long_prefill_token_threshold=threshold, max_model_len=32_768)
+
+    async def scenario(engine):
+        big = asyncio.create_task(consume(engine, req("big", prompt=long_prompt(16_000),
+                                                      max_tokens=1, priority=10)))
+        await engine.clock.sleep(0.05)
+        short = await consume(engine, req("short", max_tokens=1, priority=priority_short))
+        return short.times[0] - short.start, (await big).times[0]
+
+    return simulate(config, scenario)
+
+
+def test_long_prefill_threshold_lets_a_short_prompt_in_beside_a_long_one():
+    ttft, big_done = flood_ttft(threshold=512)
+    assert ttft < 0.15  # a step or two of 2,048 tokens at 20,000 tok/s
+    assert big_done == pytest.approx(16_000 / 20_000, rel=0.1)  # the long one barely slows
+    # Control: without the per-request cap the long prompt takes every step's whole budget.
+    unbounded, _ = flood_ttft(threshold=0)
+    assert unbounded > 0.5
+
+
+def test_prefill_budget_goes_by_priority_then_arrival():
+    config = SimConfig(kv_cache_tokens=200_000, prefill_tokens_per_s=10_000,
+                       max_num_batched_tokens=1024, max_num_partial_prefills=1,
+                       max_model_len=16_384)
+
+    async def scenario(engine):
+        # Both are submitted before the engine's next step (tasks start in creation order).
+        first = asyncio.create_task(consume(engine, req("early-low", max_tokens=1,
+                                                        prompt=long_prompt(4000, 1),
+                                                        priority=5)))
+        second = asyncio.create_task(consume(engine, req("urgent", max_tokens=1,
+                                                         prompt=long_prompt(4000, 2),
+                                                         priority=1)))
+        return (await first).times[0], (await second).times[0]
+
+    low, urgent = simulate(config, scenario)
+    # One prefill at a time: the urgent prompt goes first although it came second.
+    assert urgent < low
+    assert urgent == pytest.approx(4000 / 10_000, rel=0.15)
+    assert low == pytest.approx(8000 / 10_000, rel=0.15)
+
+
+def test_partial_prefills_are_bounded_per_step():
+    def ttfts(partial):
+        config = SimConfig(kv_cache_tokens=200_000, prefill_tokens_per_s=10_000,
+                           max_num_batched_tokens=2048, long_prefill_token_threshold=512,
+                           max_num_partial_prefills=partial, max_model_len=16_384)
+
+        async def scenario(engine):
+            runs = await asyncio.gather(*(consume(engine, req(f"r{i}", max_tokens=1,
+                                                              prompt=long_prompt(2000, i)))
+                                          for i in range(4)))
+            return sorted(r.times[0] for r in runs)
+
+        return simulate(config, scenario)
+
+    together, one_at_a_time = ttfts(4), ttfts(1)
+    # Four prompts of 2,000 share each step (512 each): they finish together at 0.8 s. One
+    # partial prefill a step (512 a step): they finish one after another, the last at 0.8 s.
+    assert together[0] == pytest.approx(0.8, rel=0.1)
+    assert one_at_a_time[0] < together[0] / 2
+    assert one_at_a_time[-1] == pytest.approx(0.8, rel=0.15)
+
+
+def test_a_full_batch_of_decodes_still_admits_by_default():
+    """Before: the default step budget was one prefill chunk (512), decodes included, so a
+    worker running 600 sequences had no budget left to admit anyone: its queue waited for
+    running sequences to end (1,050 streams: half the throughput, TTFT p95 11 s)."""
+    config = SimConfig(kv_cache_tokens=2_000_000, max_running_seqs=1_000,
+                       decode_tokens_per_s=100, pool_tokens_per_s=None, max_model_len=4096)
+    assert config.step_tokens == 1_000 + config.prefill_chunk_tokens
+
+    async def scenario(engine):
+        tasks = [asyncio.create_task(consume(engine, req(f"d{i}", max_tokens=2000,
+                                                         ignore_eos=True)))
+                 for i in range(600)]
+        await engine.clock.sleep(0.5)  # 600 decoding: more than one chunk's worth a step
+        run = await consume(engine, req("late", max_tokens=1))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return run.times[0] - run.start
+
+    assert simulate(config, scenario) < 0.05  # a few 10 ms steps, not a wait for a slot
+
+
+def test_decodes_count_against_max_num_batched_tokens():
+    def ttft(decoders: int) -> float:
+        config = SimConfig(kv_cache_tokens=200_000, max_running_seqs=64,
+                           max_num_batched_tokens=64, decode_tokens_per_s=1000,
+                           pool_tokens_per_s=None, max_model_len=4096)
+
+        async def scenario(engine):
+            tasks = [asyncio.create_task(consume(engine, req(f"d{i}", max_tokens=2000,
+                                                             ignore_eos=True)))
+                     for i in range(decoders)]
+            await engine.clock.sleep(0.2)  # all decoding: 60 of the 64 tokens a step
+            run = await consume(engine, req("p", prompt=long_prompt(400), max_tokens=1))
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return run.times[0] - run.start
+
+        return simulate(config, scenario)
+
+    # 400 prompt tokens, 4 a step beside 60 decodes (1 ms steps): about 100 steps; alone,
+    # 64 a step: 7 steps.
+    assert ttft(60) > 0.09
+    assert ttft(0) < 0.03

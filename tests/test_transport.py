@@ -6,8 +6,9 @@ import asyncio
 import time
 
 import pytest
+import redis
 
-from infra.redis_conn import get_async_redis, key
+from infra.redis_conn import async_pool_for, get_async_redis, key
 from serving import admission as acc
 from serving import settlement, transport
 from serving.keys import req_key, stream_key
@@ -19,16 +20,16 @@ async def _write_steps(rids: list[str], steps: int, *, pause: float = 0.0) -> No
     """A worker's writer: one pipelined batch per step, then each request's final entry."""
     r = get_async_redis()
     for step in range(steps):
-        batch = StepBatch()
+        batch = StepBatch(pool="p")
         for rid in rids:
-            batch.add(rid, f"<{rid}:{step}>", 1, first=step == 0)
+            batch.add(rid, f"<{rid}:{step}>", 1, before=step, first=step == 0)
         await batch.flush(r, stream_ttl=120)
         if pause:
             await asyncio.sleep(pause)
-    batch = StepBatch()
+    batch = StepBatch(pool="p")
     for rid in rids:
         event = transport.finish_event("stop", {"completion_tokens": steps})
-        keys, args = settlement.settle_call(rid, status="ok", output_tokens=steps, event=event)
+        keys, args = settlement.settle_call("p", rid, status="ok", output_tokens=steps, event=event)
         batch.settle(rid, keys, args)
     await batch.flush(r, stream_ttl=120)
 
@@ -44,26 +45,26 @@ def test_step_batch_writes_one_entry_per_request_and_counts_delivery(redis_clien
     _admit("b")
 
     async def main() -> list:
-        batch = StepBatch()
-        batch.add("a", "Hel", 1, first=True)
-        batch.add("b", "Hi", 1, first=True)
-        batch.add("a", "lo", 1)  # two deltas of one request in one step: one entry
-        keys, args = settlement.settle_call("b", status="ok", output_tokens=1,
+        batch = StepBatch(pool="p")
+        batch.add("a", "Hel", 1, before=0, first=True)
+        batch.add("b", "Hi", 1, before=0, first=True)
+        batch.add("a", "lo", 1, before=1)  # two deltas of one request in one step: one entry
+        keys, args = settlement.settle_call("p", "b", status="ok", output_tokens=1,
                                      event=transport.finish_event("stop", {"completion_tokens": 1}))
         batch.settle("b", keys, args)
         return await batch.flush(get_async_redis(), stream_ttl=120)
 
     [settled] = arun(main())
     assert settlement.parse_settle("b", settled) is not None
-    entries = redis_client.xrange(stream_key("a"))
+    entries = redis_client.xrange(stream_key("p", "a"))
     assert [e[1] for e in entries] == [{b"t": b"Hello", b"n": b"2"}]
-    assert redis_client.hget(req_key("a"), "delivered") == b"2"
-    assert redis_client.hget(req_key("a"), "first_token_at") is not None
-    assert 0 < redis_client.ttl(stream_key("a")) <= 120
+    assert redis_client.hget(req_key("p", "a"), "delivered") == b"2"
+    assert redis_client.hget(req_key("p", "a"), "first_token_at") is not None
+    assert 0 < redis_client.ttl(stream_key("p", "a")) <= 120
     # b: its tokens, then the final entry settle wrote in the same pipeline, after them.
-    b = [e[1] for e in redis_client.xrange(stream_key("b"))]
+    b = [e[1] for e in redis_client.xrange(stream_key("p", "b"))]
     assert b[0] == {b"t": b"Hi", b"n": b"1"} and b[1][b"f"] == b"stop"
-    assert 0 < redis_client.ttl(stream_key("b")) <= settlement.STREAM_TTL_AFTER_END
+    assert 0 < redis_client.ttl(stream_key("p", "b")) <= settlement.STREAM_TTL_AFTER_END
 
 
 def test_one_reader_relays_many_requests_in_order(redis_client):
@@ -72,7 +73,8 @@ def test_one_reader_relays_many_requests_in_order(redis_client):
         _admit(rid)
 
     async def consume(rid: str) -> list[str]:
-        return [e.fields.get("t", e.fields.get("f", "")) async for e in transport.subscribe(rid)]
+        return [e.fields.get("t", e.fields.get("f", ""))
+                async for e in transport.subscribe("p", rid)]
 
     def relay_ids() -> set[str]:
         return {c["id"] for c in redis_client.client_list()
@@ -84,7 +86,7 @@ def test_one_reader_relays_many_requests_in_order(redis_client):
         readers = [asyncio.create_task(consume(rid)) for rid in rids]
         for _ in range(200):  # until the reader has connected (slower on a loaded machine)
             await asyncio.sleep(0.01)
-            if transport.reader()._conn_id is not None:
+            if transport.reader("p")._conn_id is not None:
                 break
         writer = asyncio.create_task(_write_steps(rids, 20))
         opened = relay_ids() - before
@@ -101,10 +103,10 @@ def test_one_reader_relays_many_requests_in_order(redis_client):
 def test_resume_after_last_event_id_and_after_the_end(redis_client):
     _admit("r")
     arun(_write_steps(["r"], 5))
-    ids = [e[0].decode() for e in redis_client.xrange(stream_key("r"))]
+    ids = [e[0].decode() for e in redis_client.xrange(stream_key("p", "r"))]
 
     async def read(last: str) -> list[str]:
-        return [e.id async for e in transport.subscribe("r", last)]
+        return [e.id async for e in transport.subscribe("p", "r", last)]
 
     assert arun(read("0-0")) == ids  # a subscriber arriving after the end gets everything
     assert arun(read(ids[2])) == ids[3:]  # Last-Event-ID: resume just after it
@@ -114,7 +116,7 @@ async def reader_blocked(after_reads: int = -1, timeout: float = 5.0) -> None:
     """Wait until the shared reader's XREAD is blocked in Redis (CLIENT LIST flag ``b``), after
     more than ``after_reads`` completed reads: the state a test must reach before it interrupts
     the read, observed rather than guessed with a sleep."""
-    reader, client = transport.reader(), get_async_redis()
+    reader, client = transport.reader("p"), get_async_redis()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         conn_id = reader._conn_id
@@ -132,13 +134,13 @@ def test_new_subscription_interrupts_a_blocked_read(redis_client):
     _admit("late")
 
     async def main() -> float:
-        idle = asyncio.create_task(anext(transport.subscribe("slow")))
+        idle = asyncio.create_task(anext(transport.subscribe("p", "slow")))
         await reader_blocked()  # the reader is now blocked on "slow" alone
-        batch = StepBatch()
-        batch.add("late", "x", 1)
+        batch = StepBatch(pool="p")
+        batch.add("late", "x", 1, before=0)
         await batch.flush(get_async_redis(), 60)
         start = time.monotonic()
-        event = await anext(transport.subscribe("late"))
+        event = await anext(transport.subscribe("p", "late"))
         elapsed = time.monotonic() - start
         assert event.fields["t"] == "x"
         idle.cancel()
@@ -154,7 +156,7 @@ def test_relay_throughput_floor(redis_client):
         _admit(rid)
 
     async def consume(rid: str) -> int:
-        return len([e async for e in transport.subscribe(rid)])
+        return len([e async for e in transport.subscribe("p", rid)])
 
     async def main() -> float:
         readers = [asyncio.create_task(consume(rid)) for rid in rids]
@@ -193,12 +195,12 @@ def test_a_burst_of_new_subscriptions_interrupts_the_read_once(redis_client):
         _admit(rid)
 
     async def main() -> tuple[int, list[int]]:
-        idle = transport.open_subscription("idle")
+        idle = transport.open_subscription("p", "idle")
         await reader_blocked()  # the reader is blocked on one stream
-        before = transport.reader().reads
-        subs = [transport.open_subscription(rid) for rid in rids]  # no await in between
+        before = transport.reader("p").reads
+        subs = [transport.open_subscription("p", rid) for rid in rids]  # no await in between
         await reader_blocked(after_reads=before)  # interrupted, and blocked again on them all
-        reads = transport.reader().reads - before
+        reads = transport.reader("p").reads - before
         await _write_steps(rids, 3)
         got = [[(await s.next(10)).fields.get("t") for _ in range(3)] for s in subs]
         for s in [idle, *subs]:
@@ -214,12 +216,12 @@ def test_next_before_returns_none_at_the_deadline_and_events_before_it(redis_cli
     _admit("dl")
 
     async def main() -> tuple[float, str | None, float, object]:
-        sub = transport.open_subscription("dl")
+        sub = transport.open_subscription("p", "dl")
         start = time.monotonic()
         none = await sub.next_before(start + 0.2)
         waited = time.monotonic() - start
-        batch = StepBatch()
-        batch.add("dl", "é\n\"x\"", 1)
+        batch = StepBatch(pool="p")
+        batch.add("dl", "é\n\"x\"", 1, before=0)
         writer = asyncio.create_task(batch.flush(get_async_redis(), 60))
         event = await sub.next_before(time.monotonic() + 5)  # a new, later deadline
         await writer
@@ -233,3 +235,86 @@ def test_next_before_returns_none_at_the_deadline_and_events_before_it(redis_cli
     assert 0.18 <= waited < 1.0
     assert text == "é\n\"x\""  # the step script carries any text unchanged
     assert total < 3.0
+
+
+def test_a_step_sent_twice_is_written_once(redis_client):
+    """R1: a batch sent again after its reply was lost (the flush's retry) appends nothing
+    twice and settles once; a step for a request whose state is gone writes nothing."""
+    _admit("dup")
+
+    def batch(before: int, text: str, *, settle: bool = False) -> StepBatch:
+        b = StepBatch(pool="p")
+        b.add("dup", text, 1, before=before, first=before == 0)
+        if settle:
+            keys, args = settlement.settle_call(
+                "p", "dup", status="ok", output_tokens=2,
+                event=transport.finish_event("stop", {"completion_tokens": 2}))
+            b.settle("dup", keys, args)
+        return b
+
+    async def main() -> list[list]:
+        r = get_async_redis()
+        await batch(0, "a").flush(r, 120)
+        await batch(0, "a").flush(r, 120)  # the same step again: its reply was lost
+        first = await batch(1, "b", settle=True).flush(r, 120)
+        again = await batch(1, "b", settle=True).flush(r, 120)
+        await batch(5, "gone").flush(r, 120)  # not what this request has relayed
+        return [first, again]
+
+    first, again = arun(main())
+    assert settlement.parse_settle("dup", first[0]) is not None
+    assert settlement.parse_settle("dup", again[0]) is None  # settled once
+    entries = [e[1] for e in redis_client.xrange(stream_key("p", "dup"))]
+    assert [e.get(b"t") for e in entries] == [b"a", b"b", None]  # then the final entry
+    assert entries[-1][b"f"] == b"stop"
+    assert redis_client.hget(req_key("p", "dup"), "delivered") == b"2"
+    _admit("lost")
+    redis_client.delete(req_key("p", "lost"))  # a Redis that came back empty
+
+    async def lost() -> None:
+        await batch_for("lost", 3).flush(get_async_redis(), 120)
+
+    def batch_for(rid: str, before: int) -> StepBatch:
+        b = StepBatch(pool="p")
+        b.add(rid, "x", 1, before=before)
+        return b
+
+    arun(lost())
+    assert not redis_client.exists(stream_key("p", "lost"), req_key("p", "lost"))
+
+
+def test_a_batch_whose_connection_the_server_closed_is_sent_again(redis_client, monkeypatch):
+    """The server closes the connection between checkout and the batch (a restart, a
+    failover): the batch goes again on a fresh connection, tokens once, settled once."""
+    _admit("cut")
+    killed: list[int] = []
+
+    async def main() -> list:
+        client = get_async_redis()
+        pool = await async_pool_for(client, stream_key("p", ""))  # the one flush uses
+        real = pool.get_connection
+
+        async def get_connection(*args, **kwargs):
+            conn = await real(*args, **kwargs)
+            if not killed:  # the first checkout only: its socket dies under the batch
+                await conn.send_command("CLIENT", "ID")
+                killed.append(await conn.read_response())
+                node = redis.Redis(host=conn.host, port=conn.port)  # its node, cluster or not
+                await asyncio.to_thread(node.client_kill_filter, _id=killed[0])
+                node.close()
+            return conn
+
+        monkeypatch.setattr(pool, "get_connection", get_connection)
+        batch = StepBatch(pool="p")
+        batch.add("cut", "hello", 1, before=0, first=True)
+        keys, args = settlement.settle_call(
+            "p", "cut", status="ok", output_tokens=1,
+            event=transport.finish_event("stop", {"completion_tokens": 1}))
+        batch.settle("cut", keys, args)
+        return await batch.flush(client, 120)
+
+    [settled] = arun(main())
+    assert killed and settlement.parse_settle("cut", settled) is not None
+    entries = [e[1] for e in redis_client.xrange(stream_key("p", "cut"))]
+    assert entries[0] == {b"t": b"hello", b"n": b"1"} and entries[1][b"f"] == b"stop"
+    assert len(entries) == 2

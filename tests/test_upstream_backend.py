@@ -25,7 +25,7 @@ import pytest
 from workers.engine.adapters import Adapter, AdapterCatalog
 from workers.engine.base import EngineError, EngineRequest, FinishReason, SamplingParams
 from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
-from workers.engine.upstream import UpstreamEngine, UpstreamSettings, build_body
+from workers.engine.upstream import SSEData, UpstreamEngine, UpstreamSettings, build_body
 from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer()
@@ -184,6 +184,55 @@ def test_a_length_finish_counts_exactly_max_tokens_without_ids() -> None:
                       req(max_tokens=3))
     assert deltas[-1].finish_reason == FinishReason.LENGTH
     assert deltas[-1].usage.output_tokens == 3
+
+
+# -- the event stream, read by hand --------------------------------------------------------
+
+
+def test_sse_payloads_survive_any_split_of_the_bytes() -> None:
+    body = (b": keep-alive\r\n\r\nevent: completion\r\ndata: {\"a\": 1}\r\n\r\n"
+            b"id: 7\ndata:{\"b\": \"x\\ny\"}\n\ndata: [DONE]\n\ndata: {\"tail\": 1}")
+    want = [b'{"a": 1}', b'{"b": "x\\ny"}', b"[DONE]", b'{"tail": 1}']
+    for size in (1, 2, 3, 7, len(body)):
+        sse, got = SSEData(), []
+        for i in range(0, len(body), size):
+            got += sse.feed(body[i:i + size])
+        got += sse.close()  # the last line came without its newline
+        assert got == want, size
+
+
+async def _trickle(body: bytes) -> AsyncIterator[bytes]:
+    for i in range(0, len(body), 5):  # chunks that split lines and JSON objects
+        yield body[i:i + 5]
+
+
+def test_stream_delivers_each_chunk_to_the_callback_as_generate_does() -> None:
+    usage = {"prompt_tokens": len(IDS), "completion_tokens": 2, "total_tokens": len(IDS) + 2}
+    body = sse(chunk("a", [10]), chunk("b", [11], "length"), {"choices": [], "usage": usage},
+               "[DONE]")
+    fake = Fake(lambda r: httpx.Response(200, content=_trickle(body)))
+
+    async def both(engine: UpstreamEngine) -> tuple[list[Any], Any, list[Any]]:
+        seen: list[Any] = []
+        last = await engine.stream(req("s1", max_tokens=2), seen.append)
+        return seen, last, await collect(engine, req("s2", max_tokens=2))
+
+    seen, last, generated = run_engine(UpstreamEngine(settings(), transport=fake.transport), both)
+    assert last is seen[-1] and last.finish_reason == FinishReason.LENGTH
+    assert [(d.token_ids, d.text) for d in seen] == [(d.token_ids, d.text) for d in generated]
+    assert (last.usage.prompt_tokens, last.usage.output_tokens) == (len(IDS), 2)
+
+
+def test_stream_raises_the_upstreams_error_with_its_partial_usage() -> None:
+    body = sse(chunk("a", [10]), {"error": {"message": "engine died", "code": 500}})
+    fake = Fake(lambda r: httpx.Response(200, content=body))
+    seen: list[Any] = []
+    engine = UpstreamEngine(settings(), transport=fake.transport)
+    with pytest.raises(EngineError, match="engine died") as info:
+        run_engine(engine, lambda e: e.stream(req(), seen.append))
+    assert info.value.retryable is True and info.value.usage.output_tokens == 1
+    assert [d.token_ids for d in seen] == [[10]]
+    assert not engine._streams  # nothing left running
 
 
 # -- errors and timeouts -------------------------------------------------------------------

@@ -394,6 +394,28 @@ def test_the_registry_builds_a_vllm_engine_from_the_pool_without_importing_vllm(
     assert len(engine.catalog) == 1
 
 
+def test_the_chunked_prefill_limits_reach_vllm_and_the_simulated_engine_alike() -> None:
+    # The same pool keys set the same limits in both backends (docs/adr/0017).
+    limits = {"max_num_batched_tokens": 512, "long_prefill_token_threshold": 80,
+              "max_num_partial_prefills": 2, "prefill_tokens_per_s": 20_000.0}
+    spec = EngineSpec("gpu-b", "vllm", dict(limits), max_sequences=8, max_model_len=32_768,
+                      tokenizer_path=SIM_DIR, model_id="/models/llama-8b")
+    vllm = build_engine(spec)
+    args = vllm.settings.async_engine_args()
+    assert {k: args[k] for k in limits if k != "prefill_tokens_per_s"} == {
+        "max_num_batched_tokens": 512, "long_prefill_token_threshold": 80,
+        "max_num_partial_prefills": 2}
+    assert "prefill_tokens_per_s" not in args  # the dispatcher's figure, not vLLM's
+    assert vllm.prefill_tokens_per_s == 20_000.0
+    assert args["scheduling_policy"] == "priority"  # the default: the WFQ tag orders the batch
+    sim = build_engine(EngineSpec("sim-b", "simulated", dict(limits), max_sequences=8,
+                                  max_model_len=32_768, tokenizer_path=SIM_DIR))
+    config = sim.config
+    assert (config.step_tokens, config.chunk_cap(), config.max_num_partial_prefills) == (
+        512, 80, 2)
+    assert sim.prefill_tokens_per_s == 20_000.0
+
+
 @pytest.mark.parametrize(("backend_settings", "message"), [
     ({"scheduling_policy": "lifo"}, "scheduling_policy"),
     ({"gpu_memory_utilization": True}, "wrong type"),

@@ -24,9 +24,9 @@ import httpx
 import openai
 import pytest
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis
 from tenants.models import Pool
-from tests import procs
+from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.vllm_fixtures import KV_BYTES, MAX_MODEL_LEN, TinyModel
 from workers.tokenization import load_tokenizer
@@ -42,9 +42,10 @@ HELLO = [{"role": "user", "content": "Say hello to the tenants of this gateway. 
     "tokens at admission and schedules work so each tenant gets its weighted share. ") * 6}]
 BIG = 10**9
 QUOTA = {"input_tpm": BIG, "input_burst": BIG, "output_tpm": BIG, "output_burst": BIG,
-         "concurrent_requests": 100, "open_streams": 100, "max_output_tokens": 1800,
+         "concurrent_requests": 100, "open_streams": 100, "max_output_tokens": 3600,
          "ttft_deadline_s": 120.0, "total_deadline_s": 300.0}
 ENGINE_START_S = 600.0
+LONG = 3500  # output tokens the prompt leaves room for in the 4,096-token context
 
 
 def ensure_pool(tiny: TinyModel) -> None:
@@ -92,7 +93,7 @@ def rid_of(response_id: str) -> str:
 
 def record_of(redis_client: Any, rid: str, timeout: float = 30.0) -> dict[str, Any]:
     def find() -> dict[str, Any] | None:
-        for raw in redis_client.lrange(key("usage", "pending"), 0, -1):
+        for raw in rkeys.usage_raw(redis_client):
             rec = json.loads(raw)
             if rec["request_id"] == rid:
                 return rec
@@ -102,7 +103,7 @@ def record_of(redis_client: Any, rid: str, timeout: float = 30.0) -> dict[str, A
 
 
 def worker_load(redis_client: Any) -> dict[str, str]:
-    raw = redis_client.hgetall(key("worker", WORKER, "load"))
+    raw = redis_client.hgetall(rkeys.worker_key(POOL, WORKER, "load"))
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
@@ -169,7 +170,7 @@ def test_the_official_client_async_completions_streaming_and_not(live: dict[str,
 
 def test_a_client_gone_mid_stream_frees_the_sequence_in_vllm(live: dict[str, Any],
                                                              redis_client: Any) -> None:
-    body = {"model": MODEL, "messages": HELLO, "max_tokens": 1500, "stream": True,
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": LONG, "stream": True,
             "ignore_eos": True}
     with httpx.Client(timeout=60) as http, http.stream(
             "POST", live["url"] + "/v1/chat/completions", json=body,
@@ -181,9 +182,9 @@ def test_a_client_gone_mid_stream_frees_the_sequence_in_vllm(live: dict[str, Any
             if seen >= 5:
                 break
     record = record_of(redis_client, rid)
-    # vLLM stopped the sequence early: the abort reached it (it would have run to 1500).
+    # vLLM stopped the sequence early: the abort reached it (it would have run to LONG).
     assert record["status"] == "cancelled"
-    assert 5 <= record["completion_tokens"] < 1500
+    assert 5 <= record["completion_tokens"] < LONG
     # vLLM's own scheduler (through the worker's heartbeat): nothing running, no KV held.
     procs.wait_until(lambda: worker_load(redis_client).get("running") == "0"
                      and worker_load(redis_client).get("kv_tokens_used") == "0", 10,
@@ -203,7 +204,9 @@ def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
         live: dict[str, Any], redis_client: Any) -> None:
     """Last in the module: it kills the worker's engine core (the worker brings it back)."""
     plain = new_key()
-    body = {"model": MODEL, "messages": HELLO, "max_tokens": 1500, "stream": True,
+    # As long as the context allows: the core is killed at the second chunk, and a loaded
+    # machine once relayed the first chunks only after 1,500 tokens had all been made (CI).
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": LONG, "stream": True,
             "ignore_eos": True}
     events: list[dict[str, Any]] = []
     with httpx.Client(timeout=120) as http, http.stream(
@@ -214,15 +217,18 @@ def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
             if not line.startswith("data: {"):
                 continue
             events.append(json.loads(line[6:]))
-            if len(events) == 5:
+            if len(events) == 2:
                 os.kill(_engine_core_pid(live["worker"].pid), signal.SIGKILL)
             if "error" in events[-1]:
                 break
     error = events[-1].get("error")
-    assert error is not None, events[-3:]
+    finished = [c["finish_reason"] for e in events for c in e.get("choices", ())
+                if c.get("finish_reason")]
+    assert error is not None, f"the stream ended without an error ({len(events)} chunks, " \
+                              f"finish reasons {finished}): {events[-2:]}"
     assert error["code"] in ("engine_error", "engine_restart")
     record = record_of(redis_client, rid)
-    assert record["status"] == "error" and 4 <= record["completion_tokens"] < 1500
+    assert record["status"] == "error" and 1 <= record["completion_tokens"] < LONG
     # The heartbeat said unhealthy (no capacity: routed elsewhere) while the engine restarted.
     def restarted() -> bool:
         load = worker_load(redis_client)

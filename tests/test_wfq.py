@@ -6,9 +6,8 @@ import asyncio
 import random
 
 import pytest
-import redis.asyncio as aioredis
 
-from infra.redis_conn import key, redis_url
+from infra.redis_conn import new_async_redis, pool_key
 from serving.wfq import (
     AsyncWfq,
     DispatchedItem,
@@ -27,7 +26,7 @@ BIG = 1_000_000  # free KV tokens that fit anything
 @pytest.fixture
 def wfq(redis_client, settings):
     # The design counts tokens with price 1, so a prompt of N tokens costs N.
-    settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE = 1.0, 2.0
+    settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE, settings.WFQ_KV_PRICE = 1.0, 2.0, 0.0
     return Wfq(redis_client)
 
 
@@ -81,7 +80,7 @@ def test_a_pool_keeps_its_policy_until_it_drains(wfq, redis_client):
 
 
 def test_cost_counts_input_and_output_at_their_prices(redis_client, settings):
-    settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE = 1.0, 2.0
+    settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE, settings.WFQ_KV_PRICE = 1.0, 2.0, 0.0
     wfq = Wfq(redis_client)
     tag = wfq.enqueue(POOL, "a", "r1", weight=2, prompt_tokens=100, max_output_tokens=50,
                       kv_tokens=150)
@@ -90,6 +89,22 @@ def test_cost_counts_input_and_output_at_their_prices(redis_client, settings):
     tag2 = wfq.enqueue(POOL, "a", "r2", weight=2, prompt_tokens=100, max_output_tokens=50,
                        kv_tokens=150)
     assert tag2 == tag + (100 * 0.5 + 50 * 4) / 2
+
+
+def test_cost_prices_kv_memory_as_context_times_decode_steps(redis_client, settings):
+    # A request's context grows from its prompt to prompt + output over its output steps: it
+    # holds output * (prompt + output / 2) token-steps of KV memory (docs/adr/0017).
+    settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE, settings.WFQ_KV_PRICE = 1.0, 2.0, 1e-3
+    wfq = Wfq(redis_client)
+    long = wfq.enqueue(POOL, "a", "r1", weight=1, prompt_tokens=30_000, max_output_tokens=100,
+                       kv_tokens=30_100)
+    short = wfq.enqueue(POOL, "b", "r2", weight=1, prompt_tokens=100, max_output_tokens=100,
+                        kv_tokens=200)
+    assert long == 30_000 + 200 + 1e-3 * 100 * 30_050
+    assert short == 100 + 200 + 1e-3 * 100 * 150
+    # Settlement prices the actual output the same way: 10 tokens hold far less memory.
+    assert Prices.from_settings().cost(30_000, 10) == 30_000 + 20 + 1e-3 * 10 * 30_005
+    assert Prices(1.0, 2.0).cost(30_000, 100) == 30_200  # kv 0: the old price
 
 
 @pytest.mark.parametrize("policy, within", [("wfq", True), ("fifo", False)])
@@ -144,7 +159,7 @@ def test_head_that_does_not_fit_is_not_dispatched_until_capacity_frees(wfq, redi
     assert take(wfq, free_kv=999) is None
     assert take(wfq, free_kv=5000, slots=0) is None
     assert wfq.backlog(POOL) == {"a": 1}
-    assert redis_client.scard(inflight_key("w1")) == 0
+    assert redis_client.scard(inflight_key(POOL, "w1")) == 0
 
     assert take(wfq, free_kv=600, overcommit=2.0).request_id == "big"
     put(wfq, "a", "next", 500, kv=500)
@@ -166,7 +181,8 @@ def test_dispatch_many_stops_at_slots_and_kv_budget(wfq, redis_client):
         put(wfq, f"t{i}", f"r{i}", 100 + i, kv=300)
     got = wfq.dispatch_many(POOL, n=10, free_slots=4, free_kv_tokens=1000, worker_id="w9")
     assert [g.request_id for g in got] == ["r0", "r1", "r2"]  # the 4th would need 1,200 KV
-    assert {m.decode() for m in redis_client.smembers(inflight_key("w9"))} == {"r0", "r1", "r2"}
+    running = {m.decode() for m in redis_client.smembers(inflight_key(POOL, "w9"))}
+    assert running == {"r0", "r1", "r2"}
     got = wfq.dispatch_many(POOL, n=2, free_slots=4, free_kv_tokens=BIG, worker_id="w9")
     assert [g.request_id for g in got] == ["r3", "r4"]
     assert sum(wfq.backlog(POOL).values()) == 1
@@ -179,7 +195,7 @@ def test_remove_repairs_the_head_and_gives_back_the_cost(wfq, redis_client):
     put(wfq, "a", "a3", 100)
     put(wfq, "b", "b1", 150)
     assert wfq.remove(POOL, "a", "a1")  # the head: a's queue moves up into its place
-    assert redis_client.zscore(key("wfq", POOL, "heads"), "a") == 100
+    assert redis_client.zscore(pool_key("wfq", POOL, "heads"), "a") == 100
     assert [(q.request_id, q.tag) for q in wfq.queued_requests(POOL)] == [
         ("a2", 100), ("a3", 200), ("b1", 150)]
     assert_pool_consistent(redis_client, POOL)
@@ -253,13 +269,13 @@ def test_reset_deletes_every_key_of_the_pool(wfq, redis_client):
     put(wfq, "x", "other", 10, pool="pool-b")
     take(wfq)
     wfq.reset(POOL)
-    assert list(redis_client.scan_iter(match=key("wfq", POOL, "*"))) == []
+    assert list(redis_client.scan_iter(match=pool_key("wfq", POOL, "*"))) == []
     assert wfq.backlog("pool-b") == {"x": 1}
 
 
 def test_async_client_runs_the_same_scripts(redis_client):
     async def scenario() -> list[tuple[str, float]]:
-        client = aioredis.Redis.from_url(redis_url())
+        client = new_async_redis()
         try:
             awfq = AsyncWfq(client, prices=Prices(1.0, 2.0))
             for i in range(3):

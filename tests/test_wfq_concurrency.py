@@ -93,7 +93,7 @@ def test_processes_never_double_dispatch_or_lose_a_request(redis_client):
     assert sorted(dispatched + removed) == sorted(enqueued), "a request was lost"
     assert len(by_worker) == CONSUMERS and all(by_worker.values())
     for worker, ids in by_worker.items():  # what each worker got is exactly its in-flight set
-        members = {m.decode() for m in redis_client.smembers(inflight_key(worker))}
+        members = {m.decode() for m in redis_client.smembers(inflight_key(POOL, worker))}
         assert members == set(ids)
     assert assert_pool_consistent(redis_client, POOL) == {}
 

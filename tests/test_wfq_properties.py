@@ -26,9 +26,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, pool_key
 from serving.keys import inflight_key
-from serving.wfq import Prices, QueueEntry, Wfq
+from serving.wfq import EngineShares, Prices, QueueEntry, Wfq
 
 POOL = "props"
 PRICES = Prices(1.0, 2.0)
@@ -44,7 +44,7 @@ def units(weight: float) -> int:
 
 def assert_pool_consistent(client, pool: str, policy: str = "wfq") -> dict[str, list[str]]:
     """Check H1, H2 and H5 from the raw keys; returns each tenant's queued ids in FIFO order."""
-    prefix = key("wfq", pool, "q", "")
+    prefix = pool_key("wfq", pool, "q", "")
     queues: dict[str, list[QueueEntry]] = {}
     for qkey in client.scan_iter(match=prefix + "*", count=1000):
         tenant = qkey.decode()[len(prefix):]
@@ -53,16 +53,17 @@ def assert_pool_consistent(client, pool: str, policy: str = "wfq") -> dict[str, 
         assert all(e.tenant_id == tenant for e in entries)
         assert [e.seq for e in entries] == sorted(e.seq for e in entries)
         queues[tenant] = entries
-    heads = {m.decode(): s for m, s in client.zrange(key("wfq", pool, "heads"), 0, -1,
+    heads = {m.decode(): s for m, s in client.zrange(pool_key("wfq", pool, "heads"), 0, -1,
                                                      withscores=True)}
-    shift = {k.decode(): float(v) for k, v in client.hgetall(key("wfq", pool, "shift")).items()}
+    shift = {k.decode(): float(v)
+             for k, v in client.hgetall(pool_key("wfq", pool, "shift")).items()}
     assert set(heads) == set(queues), "H1: heads must list exactly the backlogged tenants"
     assert set(shift) <= set(queues), "H5: a shift is kept only for backlogged tenants"
     for tenant, entries in queues.items():
         want = entries[0].seq if policy == "fifo" else entries[0].tag + shift.get(tenant, 0.0)
         assert heads[tenant] == want, f"H1: {tenant}'s head score is stale"
     items = {k.decode(): QueueEntry.unpack(v)
-             for k, v in client.hgetall(key("wfq", pool, "items")).items()}
+             for k, v in client.hgetall(pool_key("wfq", pool, "items")).items()}
     queued = [e for entries in queues.values() for e in entries]
     assert sorted(items) == sorted(e.request_id for e in queued), "H2: items != queues"
     assert all(items[e.request_id] == e for e in queued)
@@ -73,9 +74,9 @@ def assert_active_consistent(client, pool: str, want: dict[str, int]) -> None:
     """H7 from the raw keys: active is exactly seen and heads scored by their weight units,
     and active_w is their sum."""
     active = {m.decode(): int(score) for m, score in
-              client.zrange(key("wfq", pool, "active"), 0, -1, withscores=True)}
+              client.zrange(pool_key("wfq", pool, "active"), 0, -1, withscores=True)}
     assert active == want, "H7: active != seen | heads"
-    total = int(client.hget(key("wfq", pool, "state"), "active_w") or 0)
+    total = int(client.hget(pool_key("wfq", pool, "state"), "active_w") or 0)
     assert total == sum(want.values()), "H7: active_w != the sum of active"
 
 
@@ -116,11 +117,14 @@ class Model:
         return replace(raw, tag=raw.tag + off, start_tag=raw.start_tag + off)
 
     def dispatch(self, n: int, budget: float, lookahead: int,
-                 fair: tuple[Counter[str], int, float] | None = None) -> list[QueueEntry]:
-        """fair = (this worker's running counts, its free slots, now): rules S1-S3."""
-        allowed = lambda tenant, take=False: True  # noqa: E731
+                 fair: tuple[Counter[str], int, float] | None = None,
+                 engine: tuple[float, float, Counter[str], Counter[str]] | None = None,
+                 ) -> list[QueueEntry]:
+        """fair = (this worker's running counts, its free slots, now): rules S1-S3; engine =
+        (prefill capacity, KV capacity, pending prefill and KV held per tenant): rule E."""
+        allowed = lambda tenant, take=False, kv=0: True  # noqa: E731
         if fair is not None and self.policy == "wfq":
-            allowed = self._slot_rules(*fair)
+            allowed = self._slot_rules(*fair, engine=engine)
         out = []
         while len(out) < n:
             entry = self._pick(budget, lookahead, allowed)
@@ -130,7 +134,7 @@ class Model:
             budget -= entry.kv_tokens
             self.vtime = max(self.vtime, entry.start_tag)
             out.append(entry)
-            allowed(entry.tenant_id, take=True)
+            allowed(entry.tenant_id, take=True, kv=entry.kv_tokens)
         return out
 
     def prune(self, now: float) -> None:
@@ -145,8 +149,10 @@ class Model:
         queued = {t for t, q in self.queues.items() if q}
         return {t: units(self.weight[t]) for t in set(self.seen) | queued}
 
-    def _slot_rules(self, running: Counter[str], free: int, now: float):
-        """S1-S3 computed the slow way: every active tenant's cap, the whole unused sum."""
+    def _slot_rules(self, running: Counter[str], free: int, now: float,
+                    engine: tuple[float, float, Counter[str], Counter[str]] | None = None):
+        """S1-S4 computed the slow way: every active tenant's cap, the whole unused sum; and
+        E: every tenant's prefill and KV caps from the same weights."""
         fraction = min(1.0, django_settings.WFQ_SLOT_RESERVE)
         self.prune(now)
         run = Counter({t: c for t, c in running.items() if c > 0})
@@ -161,15 +167,34 @@ class Model:
         def share(t: str) -> int:
             return max(0, cap.get(t, 1) - run[t])
 
-        def allowed(t: str, take: bool = False) -> bool:
+        pend: Counter[str] = Counter()
+        held: Counter[str] = Counter()
+        if engine is not None:  # only tenants running here carry engine state
+            pend.update({t: engine[2].get(t, 0) for t in run})
+            held.update({t: engine[3].get(t, 0) for t in run})
+
+        def engine_ok(t: str) -> bool:
+            if engine is None or (pend[t] == 0 and held[t] == 0) or u[t] >= total:
+                return True  # E1 nothing here; E2 alone
+            return (pend[t] < max(1, math.floor(engine[0] * u[t] / total))
+                    and held[t] < max(1, math.floor(engine[1] * u[t] / total)))
+
+        def slot_ok(t: str) -> bool:
+            if reserve_max == 0 or run[t] < cap.get(t, 1):
+                return True
+            if all(self.queues.get(j) for j in active):
+                return True  # S4: everyone active is queued
+            unused = sum(share(j) for j in active)
+            return state["free"] - 1 >= min(unused - share(t), reserve_max)
+
+        def allowed(t: str, take: bool = False, kv: int = 0) -> bool:
             if take:
                 state["free"] -= 1
                 run[t] += 1
+                pend[t] += kv
+                held[t] += kv
                 return True
-            if run[t] < cap.get(t, 1):
-                return True
-            unused = sum(share(j) for j in active)
-            return state["free"] - 1 >= min(unused - share(t), reserve_max)
+            return slot_ok(t) and engine_ok(t)
 
         allowed.nrun = lambda: sum(1 for c in run.values() if c > 0)  # type: ignore[attr-defined]
         return allowed
@@ -236,7 +261,7 @@ class WfqMachine(RuleBasedStateMachine):
         self.client = get_redis()
         self.wfq = Wfq(self.client, policy=self.policy, prices=PRICES)
         self.wfq.reset(POOL)
-        self.client.delete(*(inflight_key(w) for w in WORKERS))
+        self.client.delete(*(inflight_key(POOL, w) for w in WORKERS))
         self.model = Model(self.policy)
         self.next_id = 0
         self.ids: list[str] = []
@@ -273,15 +298,30 @@ class WfqMachine(RuleBasedStateMachine):
         self._took(worker, got, want)
 
     @rule(worker=st.sampled_from(WORKERS), n=st.integers(1, 6), free=st.integers(0, 4),
-          free_kv=st.integers(0, 8000), lookahead=st.integers(0, 2))
-    def dispatch_fair(self, worker, n, free, free_kv, lookahead) -> None:
-        """Slot fairness: the worker passes its own per-tenant running counts (S1-S3)."""
-        running = Counter(self.inflight[r].tenant_id for r in self.inflight
-                          if self.worker_of[r] == worker)
+          free_kv=st.integers(0, 8000), lookahead=st.integers(0, 2),
+          engine=st.none() | st.tuples(st.sampled_from([1, 500, 2000, 6000, 9000]),
+                                       st.sampled_from([1, 1000, 4000, 8000, 12000])),
+          prefilled=st.sampled_from([0.0, 0.3, 1.0]))
+    def dispatch_fair(self, worker, n, free, free_kv, lookahead, engine, prefilled) -> None:
+        """Slot fairness: the worker passes its own per-tenant running counts (S1-S3), and
+        sometimes its engine's state (rule E): capacities, and per tenant the KV it holds and
+        the prompt tokens still to prefill (a drawn fraction of each request's kv_tokens)."""
+        mine = [self.inflight[r] for r in self.inflight if self.worker_of[r] == worker]
+        running = Counter(e.tenant_id for e in mine)
+        shares, model_engine = None, None
+        if engine is not None:
+            held = Counter()
+            pend = Counter()
+            for e in mine:
+                held[e.tenant_id] += e.kv_tokens
+                pend[e.tenant_id] += int(e.kv_tokens * prefilled)
+            shares = EngineShares(float(engine[0]), float(engine[1]), dict(pend), dict(held))
+            model_engine = (float(engine[0]), float(engine[1]), pend, held)
         got = self.wfq.dispatch_many(POOL, n=n, free_slots=free, free_kv_tokens=free_kv,
                                      worker_id=worker, lookahead=lookahead,
-                                     running=dict(running), now=self.now)
-        want = self.model.dispatch(min(n, free), free_kv, lookahead, (running, free, self.now))
+                                     running=dict(running), now=self.now, engine=shares)
+        want = self.model.dispatch(min(n, free), free_kv, lookahead, (running, free, self.now),
+                                   model_engine)
         self._took(worker, got, want)
 
     def _took(self, worker: str, got, want) -> None:
@@ -330,11 +370,11 @@ class WfqMachine(RuleBasedStateMachine):
         assert queued == {t: [e.request_id for e in q] for t, q in self.model.queues.items() if q}
         want = [self.model.effective(e) for q in self.model.queues.values() for e in q]
         assert self.wfq.queued_requests(POOL) == sorted(want, key=lambda e: e.seq)
-        last = self.client.hgetall(key("wfq", POOL, "last"))
+        last = self.client.hgetall(pool_key("wfq", POOL, "last"))
         assert {k.decode(): float(v) for k, v in last.items()} == self.model.last
-        seen = self.client.zrange(key("wfq", POOL, "seen"), 0, -1, withscores=True)
+        seen = self.client.zrange(pool_key("wfq", POOL, "seen"), 0, -1, withscores=True)
         assert {m.decode(): at for m, at in seen} == self.model.seen, "H6: seen"
-        weight = self.client.hgetall(key("wfq", POOL, "weight"))
+        weight = self.client.hgetall(pool_key("wfq", POOL, "weight"))
         assert {k.decode(): float(v) for k, v in weight.items()} == self.model.weight
         assert_active_consistent(self.client, POOL, self.model.active())
 
@@ -343,7 +383,7 @@ class WfqMachine(RuleBasedStateMachine):
         if not hasattr(self, "model"):
             return
         queued = {e.request_id for q in self.model.queues.values() for e in q}
-        running = {w: {m.decode() for m in self.client.smembers(inflight_key(w))}
+        running = {w: {m.decode() for m in self.client.smembers(inflight_key(POOL, w))}
                    for w in WORKERS}
         assert running["w1"].isdisjoint(running["w2"])
         assert running["w1"] | running["w2"] == set(self.inflight)

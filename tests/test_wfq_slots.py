@@ -13,7 +13,8 @@ from collections import Counter
 
 import pytest
 
-from serving.wfq import Prices, Wfq
+from infra.redis_conn import pool_key
+from serving.wfq import EngineShares, Prices, Wfq
 from tests.test_wfq_properties import Model, assert_active_consistent, assert_pool_consistent
 
 POOL = "slots"
@@ -178,17 +179,16 @@ def test_running_counts_are_validated(wfq):
 
 
 def test_seen_keeps_one_member_per_tenant_and_dispatch_prunes_it(wfq, redis_client):
-    from infra.redis_conn import key
 
     for i in range(5):
         put(wfq, "t1", f"a{i}", 10, now=float(i))
     put(wfq, "t2", "b0", 10, now=1.0)
-    seen = key("wfq", POOL, "seen")
+    seen = pool_key("wfq", POOL, "seen")
     assert redis_client.zrange(seen, 0, -1, withscores=True) == [(b"t2", 1.0), (b"t1", 4.0)]
     Worker(wfq).fill(now=8.5)  # window 5 s: t2 (1.0) goes, t1 (4.0) stays
     assert redis_client.zrange(seen, 0, -1) == [b"t1"]
     wfq.reset(POOL)
-    assert not redis_client.exists(seen, key("wfq", POOL, "weight"))
+    assert not redis_client.exists(seen, pool_key("wfq", POOL, "weight"))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -224,10 +224,13 @@ def test_many_tenants_match_the_model_that_computes_every_cap(wfq, redis_client,
         assert wfq.remove(POOL, t, rid)
         model.remove(t, rid)
     now += 6.0
+    # Half the runs keep to three tenants after the expiry, so that often every active tenant
+    # is queued while one is over its cap (S4 decides).
+    few = rng.random() < 0.5
     for _ in range(500):
         roll = rng.random()
         if roll < 0.4:
-            put_one(rng.choice(tenants[: rng.choice([3, count])]))
+            put_one(rng.choice(tenants[: 3 if few else rng.choice([3, count])]))
         elif roll < 0.85:
             free = min(slots - len(running), rng.choice([0, 1, 1, 2, 3, slots]))
             n, lookahead = rng.randint(1, 4), rng.choice([0, 0, 1])
@@ -291,3 +294,149 @@ def test_the_reserve_shrinks_as_a_call_fills_other_tenants_shares(wfq):
     # reserve is min(unused, 4) at every pick, not 4 for the whole call.
     puts = [("o1", 10, 1.0), ("x", 20, 1.0)] + [(f"o{i}", 100, 1.0) for i in (2, 3, 4)]
     assert _dispatch_against_model(wfq, puts, {"x": 3}, free=5, n=2, now=1.0) == ["o1", "x"]
+
+
+def test_backlogged_tenants_take_slots_in_tag_order_past_their_caps(wfq):
+    # S4: a, b and c all queued; a runs 4 (cap 2), b 1, c 2, one slot free. S2 would keep it
+    # for b's unused share, but b is queued and its tag is behind a's: a goes first. (With
+    # mixed lengths a tenant whose requests hold slots long for little work never reached its
+    # share of the service otherwise; docs/fairness.md.)
+    puts = [("a", 10, 1.0), ("b", 100, 1.0), ("c", 100, 1.0), ("b", 100, 1.0)]
+    running = {"a": 4, "b": 1, "c": 2}
+    assert _dispatch_against_model(wfq, puts, running, free=1, n=1, now=1.0) == ["a"]
+
+
+def test_the_reserve_holds_while_an_active_tenant_has_nothing_queued(wfq):
+    # The same, but c has nothing queued (it runs here): S2 keeps the free slot for b's
+    # unused share, so a is skipped and b, below its cap, takes it.
+    puts = [("a", 10, 1.0), ("b", 100, 1.0), ("b", 100, 1.0)]
+    running = {"a": 4, "b": 1, "c": 2}
+    assert _dispatch_against_model(wfq, puts, running, free=1, n=1, now=1.0) == ["b"]
+
+
+def test_s4_ends_within_a_call_when_a_dispatch_empties_a_queue(wfq):
+    # All queued at the start, so a (over its cap) goes first. That empties a's queue, S2
+    # applies again, and c (at its cap, next by tag) is skipped for b, below its cap.
+    puts = [("a", 10, 1.0), ("b", 100, 1.0), ("c", 50, 1.0), ("c", 60, 1.0)]
+    running = {"a": 3, "b": 1, "c": 2}
+    assert _dispatch_against_model(wfq, puts, running, free=2, n=2, now=1.0) == ["a", "b"]
+
+
+# --- Engine shares (rule E, docs/adr/0017): the prefill budget and the KV cache ------------
+
+PREFILL_CAP = 20_000  # prompt tokens the engine prefills over the horizon
+KV_CAP = 100_000
+
+
+class EngineWorker(Worker):
+    """A worker that also passes its engine's state: per tenant the KV tokens it holds and the
+    prompt tokens not yet prefilled (kv_tokens until the engine reports the first token)."""
+
+    def __init__(self, wfq: Wfq, slots: int = SLOTS) -> None:
+        super().__init__(wfq, slots)
+        self.kv: dict[str, int] = {}  # rid -> kv tokens
+        self.prefilled: set[str] = set()
+
+    def shares(self) -> EngineShares:
+        pend: Counter[str] = Counter()
+        held: Counter[str] = Counter()
+        for rid, tenant in self.running.items():
+            held[tenant] += self.kv[rid]
+            if rid not in self.prefilled:
+                pend[tenant] += self.kv[rid]
+        return EngineShares(PREFILL_CAP, KV_CAP, dict(pend), dict(held))
+
+    def fill(self, now: float, *, fair: bool = True) -> list[str]:
+        free = self.slots - len(self.running)
+        items = self.wfq.dispatch_many(POOL, n=free, free_slots=free, free_kv_tokens=BIG,
+                                       worker_id=self.name, now=now,
+                                       running=dict(self.counts()), engine=self.shares())
+        for item in items:
+            self.running[item.request_id] = item.tenant_id
+            self.kv[item.request_id] = item.kv_tokens
+        return [item.tenant_id for item in items]
+
+    def prefill(self, tenant: str) -> None:
+        self.prefilled |= {r for r, t in self.running.items() if t == tenant}
+
+
+def long_prompts(wfq: Wfq, now: float, count: int = 10, tokens: int = 24_000,
+                 tenant: str = "long") -> None:
+    for i in range(count):
+        put(wfq, tenant, f"{tenant}-{now}-{i}", tokens, now)
+
+
+def test_long_prompts_stay_within_their_prefill_share_while_others_are_active(wfq):
+    worker = EngineWorker(wfq)
+    small_round(wfq, worker, now=100.0)  # t1..t3 active: 4 tenants, prefill cap 5,000 each
+    long_prompts(wfq, now=100.5)
+    # One long prompt (24,000 > its cap: a request is never refused for its own size), then
+    # nothing more while it waits for prefill, though 7 slots are free.
+    assert worker.fill(100.5) == ["long"]
+    assert worker.fill(100.6) == []
+    put(wfq, "t1", "t1-late", 300, 100.7)
+    assert worker.fill(100.7) == ["t1"]  # the others still get in at once
+    worker.prefill("long")  # its prompt is prefilled: the next one may go
+    assert worker.fill(100.8) == ["long"]
+
+
+def test_a_lone_tenant_gets_all_of_the_prefill_budget(wfq):
+    worker = EngineWorker(wfq)
+    long_prompts(wfq, now=100.0, count=20, tokens=3_000)
+    # Alone (E2): every slot, though 8 x 3,000 pending is past any share.
+    assert worker.fill(100.0) == ["long"] * SLOTS
+
+
+def test_kv_share_holds_even_when_prefill_is_done(wfq):
+    worker = EngineWorker(wfq, slots=16)
+    small_round(wfq, worker, now=100.0)
+    long_prompts(wfq, now=100.5, count=10, tokens=20_000)
+    # KV cap 25,000 a tenant (4 active): after one 20,000-token request (prefilled), a second
+    # one brings it to 40,000 >= 25,000, and no third follows; prefill shares alone would let it.
+    assert worker.fill(100.5) == ["long"]
+    worker.prefill("long")
+    assert worker.fill(100.6) == ["long"]
+    worker.prefill("long")
+    assert worker.fill(100.7) == []
+    worker.finish("long")
+    assert worker.fill(100.8) == ["long"]
+
+
+def test_weights_scale_the_engine_shares(wfq):
+    worker = EngineWorker(wfq, slots=16)
+    for t in ("t1", "t2"):
+        put(wfq, t, f"{t}-0", 100, 100.0)
+    assert sorted(worker.fill(100.0)) == ["t1", "t2"]
+    worker.finish()
+    # heavy has weight 6 of 8 units: prefill cap 15,000, so three 4,000-token prompts pend at
+    # once (0, 4,000, 8,000, 12,000 < 15,000: four); light (weight 1) gets one.
+    for i in range(6):
+        wfq.enqueue(POOL, "heavy", f"h{i}", weight=6.0, prompt_tokens=4_000,
+                    max_output_tokens=0, kv_tokens=4_000, now=100.5)
+    got = worker.fill(100.5)
+    assert got.count("heavy") == 4
+    for i in range(3):
+        put(wfq, "t1", f"light{i}", 4_000, 100.6)
+    assert worker.fill(100.6).count("t1") == 1
+
+
+def test_engine_shares_never_move_tags_or_vtime(wfq, redis_client):
+    worker = EngineWorker(wfq)
+    small_round(wfq, worker, now=100.0)
+    long_prompts(wfq, now=100.5)
+    worker.fill(100.5)
+    before = (wfq.vtime(POOL), wfq.queued_requests(POOL))
+    assert worker.fill(100.6) == []  # blocked by E
+    assert (wfq.vtime(POOL), wfq.queued_requests(POOL)) == before
+    assert_pool_consistent(redis_client, POOL)
+
+
+def test_engine_share_arguments_are_checked(wfq):
+    bad = EngineShares(PREFILL_CAP, KV_CAP, {"a": -1}, {})
+    with pytest.raises(ValueError, match="prefill"):
+        wfq.dispatch_many(POOL, n=1, free_slots=1, free_kv_tokens=BIG, worker_id="w1",
+                          running={"a": 1}, engine=bad)
+    with pytest.raises(ValueError, match="kv_capacity"):
+        wfq.dispatch_many(POOL, n=1, free_slots=1, free_kv_tokens=BIG, worker_id="w1",
+                          running={"a": 1},
+                          engine=EngineShares(PREFILL_CAP, float("nan"), {}, {}))

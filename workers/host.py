@@ -55,12 +55,12 @@ from celery import bootsteps
 from celery.signals import worker_shutting_down
 from django.conf import settings
 
-from infra.redis_conn import get_async_redis, key
+from infra.redis_conn import get_async_redis, new_async_pubsub_client
 from serving import admission, janitor, settlement, transport
-from serving.keys import inflight_key
+from serving.keys import inflight_key, pools_key, worker_key, workers_key
 from serving.lua import script
 from serving.settlement import Status
-from serving.wfq import AsyncWfq
+from serving.wfq import AsyncWfq, EngineShares
 from serving.wire import unpack_prompt, unpack_sampling, usage_of
 from workers.engine.base import (
     Engine,
@@ -95,6 +95,10 @@ class _Running:
     rid: str
     kv_tokens: int
     tenant: str = ""  # for the dispatcher's slot fairness (per-tenant running counts)
+    tag: float = 0.0  # its WFQ finish tag: the engine's priority (lower runs first)
+    # Prompt tokens not yet prefilled, for the dispatcher's prefill shares (rule E): its
+    # kv_tokens until the prompt is known, the prompt's length until the first token.
+    pending: int = 0
     cancel_reason: str = ""
     reaped: bool = False  # the janitor settled it already (this worker was declared dead)
     # A step batch with its tokens could not be written (Redis down or restarted): the stream
@@ -102,6 +106,7 @@ class _Running:
     # written to its stream (after a restart that would recreate keys without a TTL).
     broken: bool = False
     first_sent: bool = False  # its first tokens are in a step batch (stamps first_token_at)
+    relayed: int = 0  # tokens handed to step batches: the relay's guard (relay_step.lua R1)
     invalid: bool = False  # the engine sent ids outside the vocabulary: aborted, fails
     engine_failed: bool = False  # aborted because the engine died (retryable, see _recover)
     stream: asyncio.Future[Any] | None = None  # the engine.stream() call(s)
@@ -141,12 +146,15 @@ class EngineHost:
         # every dispatch: this worker's sequences per tenant (slot fairness) and reserved KV.
         self._per_tenant: Counter[str] = Counter()
         self._kv_reserved = 0
+        # Per tenant: prompt tokens waiting for prefill and KV tokens reserved here (rule E).
+        self._prefill_by_tenant: Counter[str] = Counter()
+        self._kv_by_tenant: Counter[str] = Counter()
         self.ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._batch = transport.StepBatch()
+        self._batch = transport.StepBatch(pool=self.spec.name)
         self._waiters: list[asyncio.Future[Any]] = []
         self._flush_needed: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
@@ -158,10 +166,11 @@ class EngineHost:
 
     @property
     def inflight(self) -> str:
-        return inflight_key(self.worker_id)
+        return inflight_key(self.spec.name, self.worker_id)
 
     def _self_wake(self) -> str:
-        return key("wake", "worker", self.worker_id)
+        # On the pool's slot, like the pool's wake list: BLPOP waits on both in one command.
+        return transport.worker_wake_key(self.spec.name, self.worker_id)
 
     def request_stop(self) -> None:
         """Thread-safe: begin the drain."""
@@ -215,8 +224,8 @@ class EngineHost:
         await self._flush_once()
 
     def _worker_keys(self) -> list[str]:
-        return [key("workers", self.spec.name), self.inflight,
-                key("worker", self.worker_id, "load")]
+        return [workers_key(self.spec.name), self.inflight,
+                worker_key(self.spec.name, self.worker_id, "load")]
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -242,14 +251,14 @@ class EngineHost:
                     # This worker's own sequences per tenant: the dispatcher caps a tenant at its
                     # weighted share of our slots while others are active (ADR 0006). Ours, so
                     # no shared counter can be left wrong by an exit path.
-                    running=self._per_tenant,
+                    running=self._per_tenant, engine=self._engine_shares(),
                 )
             except Exception:
                 log.exception("dispatch failed")
                 await asyncio.sleep(WAKE_TIMEOUT_S)
                 continue
             for item in items:
-                self._start(item.request_id, item.kv_tokens, item.tenant_id)
+                self._start(item.request_id, item.kv_tokens, item.tenant_id, item.tag)
             if not items:
                 await self._wait_for_work()
 
@@ -262,11 +271,23 @@ class EngineHost:
             log.exception("waiting for work failed")
             await asyncio.sleep(WAKE_TIMEOUT_S)
 
-    def _start(self, rid: str, kv_tokens: int, tenant: str = "") -> None:
-        self.running[rid] = _Running(rid, kv_tokens, tenant=tenant)
+    def _engine_shares(self) -> EngineShares:
+        # Our engine's state for rule E (docs/adr/0017): each tenant's weighted share of the
+        # prompt tokens it prefills over the horizon and of its KV cache. An engine with no
+        # known prefill rate gets its KV cache as the prefill bound (KV shares only).
+        kv = float(max(1, self.spec.kv_cache_tokens))
+        rate = self.engine.prefill_tokens_per_s
+        prefill = rate * settings.WFQ_PREFILL_HORIZON_SECONDS if rate else kv
+        return EngineShares(prefill_capacity=max(1.0, prefill), kv_capacity=kv,
+                            prefill=self._prefill_by_tenant, kv=self._kv_by_tenant)
+
+    def _start(self, rid: str, kv_tokens: int, tenant: str = "", tag: float = 0.0) -> None:
+        self.running[rid] = _Running(rid, kv_tokens, tenant=tenant, tag=tag)
         self._kv_reserved += kv_tokens
         if tenant:
             self._per_tenant[tenant] += 1
+            self._kv_by_tenant[tenant] += kv_tokens
+            self._set_pending(self.running[rid], kv_tokens)
         task = asyncio.create_task(self._serve(rid), name=f"serve-{rid}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -276,14 +297,31 @@ class EngineHost:
         if entry is not None:
             self._kv_reserved -= entry.kv_tokens
             if entry.tenant:
+                self._set_pending(entry, 0)
                 self._per_tenant[entry.tenant] -= 1
+                self._kv_by_tenant[entry.tenant] -= entry.kv_tokens
                 if not self._per_tenant[entry.tenant]:
                     del self._per_tenant[entry.tenant]
+                    del self._kv_by_tenant[entry.tenant]
         assert self._slot_freed is not None
         self._slot_freed.set()
         task = asyncio.create_task(self._wake_self("slot"))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _wake_soon(self) -> None:
+        task = asyncio.create_task(self._wake_self("prefilled"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _set_pending(self, entry: _Running, tokens: int) -> None:
+        """Its prompt tokens waiting for prefill, kept in the per-tenant sum (rule E)."""
+        if not entry.tenant or entry.pending == tokens:
+            return
+        self._prefill_by_tenant[entry.tenant] += tokens - entry.pending
+        entry.pending = tokens
+        if not self._prefill_by_tenant[entry.tenant]:
+            del self._prefill_by_tenant[entry.tenant]
 
     async def _wake_self(self, why: str) -> None:
         """Return the dispatch loop from BLPOP now; capped so unread wakes never pile up."""
@@ -297,7 +335,8 @@ class EngineHost:
     async def _serve(self, rid: str) -> None:
         entry = self.running[rid]
         try:
-            claim = await admission.claim_async(rid, self.worker_id, client=self._redis)
+            claim = await admission.claim_async(self.spec.name, rid, self.worker_id,
+                                                client=self._redis)
             if claim is None:  # settled while it was being dispatched (cancel, deadline)
                 await self._redis.srem(self.inflight, rid)
                 return
@@ -307,7 +346,10 @@ class EngineHost:
                 await self._settle(rid, Status.CANCELLED, FinishReason.ABORT, 0, 0, 0,
                                    error_code=entry.cancel_reason, event=event)
                 return
-            await self._generate(entry, self._engine_request(rid, claim.payload))
+            request = self._engine_request(rid, claim.payload, entry.tag)
+            if entry.pending:  # the prompt's real length, now that it is known
+                self._set_pending(entry, len(request.prompt_token_ids))
+            await self._generate(entry, request)
         except Exception:
             log.exception("serving %s failed", rid)
             await self._settle(rid, Status.ERROR, None, None, 0, None, error_code="worker_error",
@@ -316,12 +358,16 @@ class EngineHost:
         finally:
             self._freed(rid)
 
-    def _engine_request(self, rid: str, payload: dict[str, bytes]) -> EngineRequest:
+    def _engine_request(self, rid: str, payload: dict[str, bytes],
+                        tag: float = 0.0) -> EngineRequest:
         return EngineRequest(
             request_id=rid, prompt_token_ids=unpack_prompt(payload["prompt_ids"]),
             sampling=unpack_sampling(payload["sampling"]),
             cache_salt=payload["salt"].decode() if payload["salt"] else "",
-            priority=int(payload.get("priority") or 0),
+            # The request's own priority if it has one, else its WFQ finish tag: inside the
+            # engine, prefill and admission then follow the dispatcher's fair order (a tenant
+            # behind its share has the smaller tag), docs/adr/0017.
+            priority=int(payload.get("priority") or 0) or int(tag),
             # The tenant's LoRA adapter, if the request named one; the engine loads it only for
             # a request carrying its owner's salt (workers.engine.adapters).
             adapter=(payload.get("adapter") or b"").decode() or None,
@@ -332,6 +378,12 @@ class EngineHost:
         step for engines that batch (``Engine.stream``): keep it cheap and never raise.
 
         ``choice`` is set for framed requests (see ``_run_choices``)."""
+        if entry.pending:
+            self._set_pending(entry, 0)  # first output: its prompt is prefilled
+            if len(self.running) < self.spec.max_sequences:
+                # Its tenant may have been held back by its prefill share (rule E) with slots
+                # free: look at the queue now, not at the next wake-up timeout.
+                self._wake_soon()
         if entry.invalid:
             return
         if entry.cancel_reason and delta.finish_reason is None:
@@ -346,16 +398,19 @@ class EngineHost:
             return
         if choice is not None:
             if not entry.broken:
-                self._batch.add(entry.rid, frame(choice, delta), len(delta.token_ids),
-                                first=not entry.first_sent and bool(delta.token_ids))
+                self._relay(entry, frame(choice, delta), len(delta.token_ids),
+                            first=not entry.first_sent and bool(delta.token_ids))
                 entry.first_sent = entry.first_sent or bool(delta.token_ids)
-                self._flush_soon()
             return
         if (delta.token_ids or delta.text) and not entry.broken:
-            self._batch.add(entry.rid, delta.text, len(delta.token_ids),
-                            first=not entry.first_sent)
+            self._relay(entry, delta.text, len(delta.token_ids), first=not entry.first_sent)
             entry.first_sent = True
-            self._flush_soon()
+
+    def _relay(self, entry: _Running, text: str, n: int, *, first: bool) -> None:
+        """Add a delta to the next step batch."""
+        self._batch.add(entry.rid, text, n, before=entry.relayed, first=first)
+        entry.relayed += n
+        self._flush_soon()
 
     async def _abort(self, rid: str) -> None:
         """Abort every engine sequence of a request (one per choice)."""
@@ -416,13 +471,16 @@ class EngineHost:
                                error_code=entry.cancel_reason or "cancelled", event=event)
             return
         except EngineError as exc:
+            if exc.refused:  # the request itself (a `dimensions` the model lacks): a 400
+                await self._refused(rid, exc)
+                return
             await self._settle(rid, Status.ERROR, FinishReason.ERROR, prompt, 0, 0,
                                error_code="engine_error",
                                event=transport.error_event("engine_error", str(exc),
                                                            retryable=exc.retryable))
             return
         if not entry.broken:
-            self._batch.add(rid, pack_vectors(vectors), 0, first=True)
+            self._relay(entry, pack_vectors(vectors), 0, first=True)
         await self._settle(rid, Status.OK, FinishReason.STOP, prompt, 0, 0, error_code=None,
                            event=transport.finish_event(FinishReason.STOP,
                                                         usage_of(prompt, 0, 0)))
@@ -524,7 +582,7 @@ class EngineHost:
                       error_code: str | None, event: dict[str, Any]) -> bool:
         """Queue the settle behind this request's last tokens, in the next step's pipeline."""
         keys, args = settlement.settle_call(
-            rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt,
+            self.spec.name, rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt,
             cached_tokens=cached, output_tokens=output, error_code=error_code, event=event,
             inflight=self.inflight,
         )
@@ -544,7 +602,7 @@ class EngineHost:
                 delay = min(delay * 2, 1.0)
         done = settlement.parse_settle(rid, reply)
         if done is not None:
-            await settlement.correct_wfq_async(done)
+            await settlement.finish_async(done, self._redis)
         return done is not None
 
     async def _settle_once(self, rid: str, keys: list[str], args: list[Any]) -> Any:
@@ -571,7 +629,7 @@ class EngineHost:
 
     async def _flush_once(self) -> None:
         batch, waiters = self._batch, self._waiters
-        self._batch, self._waiters = transport.StepBatch(), []
+        self._batch, self._waiters = transport.StepBatch(pool=self.spec.name), []
         if not batch:
             return
         try:
@@ -603,7 +661,7 @@ class EngineHost:
 
     async def _cancel_listener(self) -> None:
         while not _cancelling():
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = new_async_pubsub_client().pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(transport.cancel_channel(self.spec.name))
                 async for message in pubsub.listen():
@@ -657,8 +715,9 @@ class EngineHost:
         args: list[Any] = [self.worker_id, self.spec.name, max(10, int(self.dead_after_s * 3))]
         for name, value in fields.items():
             args += [name, value]
-        keys = [key("workers", self.spec.name), key("pools"),
-                key("worker", self.worker_id, "reaped"), key("worker", self.worker_id, "load")]
+        keys = [workers_key(self.spec.name), worker_key(self.spec.name, self.worker_id, "reaped"),
+                worker_key(self.spec.name, self.worker_id, "load")]
+        await self._redis.sadd(pools_key(), self.spec.name)  # the janitor walks the pools
         if not await script("heartbeat").run_async(self._redis, keys, args):
             await self._rejoin()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -27,9 +28,20 @@ from tenants.models import (
 class TenantSerializer(serializers.ModelSerializer):
     class Meta:
         model = Tenant
-        fields = ["id", "name", "slug", "status", "tier", "region", "content_logging",
-                  "created_at", "updated_at"]
+        fields = ["id", "name", "slug", "status", "tier", "region", "home_cell", "extra_cells",
+                  "content_logging", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The model's clean() names unknown cells; DRF does not call it by itself.
+        probe = Tenant(home_cell=attrs.get("home_cell", getattr(self.instance, "home_cell", "")),
+                       extra_cells=attrs.get("extra_cells",
+                                             getattr(self.instance, "extra_cells", "")))
+        try:
+            probe.clean()
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from None
+        return attrs
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -221,7 +233,7 @@ class PoolSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Pool
-        fields = ["id", "name", "model", "region", "backend", "backend_settings",
+        fields = ["id", "name", "model", "region", "cell", "backend", "backend_settings",
                   "max_sequences", "kv_cache_tokens", "kv_overcommit", "dedicated_to", "enabled",
                   "created_at"]
         read_only_fields = ["id", "created_at"]

@@ -37,7 +37,7 @@ from django.utils import timezone
 from gateway.contentlog import crypto, keys
 from gateway.contentlog.models import ContentRecord
 from infra.leased_queue import LeasedQueue
-from infra.redis_conn import get_async_redis, get_redis, key
+from infra.redis_conn import get_async_redis, get_redis, key, tag
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -58,20 +58,25 @@ return 1
 """
 
 
+# One hash tag for the whole queue: the push script and the leased queue's scripts each touch
+# two or three of these keys, which must share a slot under Redis Cluster (ADR 0018).
+_TAG = tag("q", "contentlog")
+
+
 def pending_key() -> str:
-    return key("contentlog", "pending")
+    return key("contentlog", _TAG, "pending")
 
 
 def processing_key() -> str:
-    return key("contentlog", "processing")
+    return key("contentlog", _TAG, "processing")
 
 
 def lease_key() -> str:
-    return key("contentlog", "lease")
+    return key("contentlog", _TAG, "lease")
 
 
 def stats_key() -> str:
-    return key("contentlog", "stats")
+    return key("contentlog", _TAG, "stats")
 
 
 # --- enqueue (gateway process) ----------------------------------------------------------------

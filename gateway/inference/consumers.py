@@ -41,7 +41,7 @@ from django.conf import settings
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.inference import embeddings, facade, idempotency, overload, revocation, sse
+from gateway.inference import cells, embeddings, facade, idempotency, overload, revocation, sse
 from gateway.inference.admission import size_request, tokenize
 from gateway.inference.bodylimit import read_bounded_body
 from gateway.inference.choices import Assembler, framed, needs_assembler
@@ -178,6 +178,8 @@ class ApiConsumer(AsyncHttpConsumer):
     async def _run(self, body: bytes) -> None:
         try:
             await self.handle(body)
+        except cells.WrongCell as wrong:
+            await self._forward(body, wrong)
         except ApiError as err:
             await self.send_error(err)
         except redis.RedisError:
@@ -188,6 +190,15 @@ class ApiConsumer(AsyncHttpConsumer):
         except Exception:
             log.exception("request %s failed", self.request_id)
             await self.send_error(server_error())
+
+    async def _forward(self, body: bytes, wrong: cells.WrongCell) -> None:
+        """Serve the request from the tenant's home cell (inference.cells); nothing runs here."""
+        async def send(message: dict[str, Any]) -> None:
+            self.started = True
+            await self._send(message)
+            self.finished = not message.get("more_body", message["type"] != "http.response.body")
+
+        await cells.forward(self.scope, body, wrong, send)
 
     def header(self, name: bytes) -> str | None:
         for key, value in self.scope.get("headers", ()):
@@ -216,6 +227,8 @@ class ApiConsumer(AsyncHttpConsumer):
             return
         self.started = True
         raw = [*extra, (b"x-request-id", self.request_id.encode())]
+        if settings.CELL:
+            raw.append((cells.CELL_HEADER, settings.CELL.encode()))
         raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
         await self._send({"type": "http.response.start", "status": status, "headers": raw})
 
@@ -241,10 +254,13 @@ class ApiConsumer(AsyncHttpConsumer):
         try:
             # An API key, else an OIDC bearer token, else a client certificate bound to a
             # tenant (trusted only from configured proxies): the tenant comes from the credential.
-            return await aauthenticate_scope_request(self.scope)
+            principal = await aauthenticate_scope_request(self.scope)
         except AuthError as err:
             raise ApiError(err.status, err.message, type=err.type, code=err.code,
                            headers=err.headers) from None
+        # Served only by the tenant's cells: from any other, forwarded home (docs/adr/0019).
+        cells.check_cell(principal.tenant_cells, self.scope.get("headers", []))
+        return principal
 
 
 class ModelsConsumer(ApiConsumer):

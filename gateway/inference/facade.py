@@ -11,7 +11,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
+
 from gateway.inference.responses import UsageCounts
+from infra.redis_conn import get_async_redis
+from serving import cells
 from serving.admission import AdmissionLimits
 from serving.submission import (
     ErrorEvent,
@@ -45,6 +49,14 @@ async def submit_request(
     adapter: str | None = None,
 ) -> Submission | Rejection:
     limits = AdmissionLimits.from_limits(principal.tenant_limits(model), principal.limits(model))
+    split = bool(settings.CELL) and len(principal.tenant_cells) > 1
+    if split:
+        # A tenant served in several cells: this cell enforces its share of the tenant's default
+        # quota (serving.cells, docs/adr/0019), and counts the demand that moves the shares.
+        limits = cells.split_limits(limits, cells.quota_of(principal.tenant_limits(None)),
+                                    len(principal.tenant_cells), settings.CELL_SHARE_FLOOR)
+        await cells.record_demand_async(get_async_redis(), principal.tenant_id,
+                                        len(prompt_token_ids) + sampling.max_tokens * sampling.n)
     return await submit(
         tenant_id=principal.tenant_id, key_id=principal.key_id, weight=principal.tenant_weight,
         model=model, pool=pool, prompt_token_ids=prompt_token_ids, sampling=sampling,

@@ -22,7 +22,7 @@ import time
 from django.conf import settings
 
 from gateway.inference.errors import unavailable
-from infra.redis_conn import get_async_redis, key
+from infra.redis_conn import get_async_redis, pool_key
 
 SHED_RETRY_AFTER_S = 5
 
@@ -30,10 +30,10 @@ SHED_RETRY_AFTER_S = 5
 async def reading(pool: str, tenant_id: object) -> tuple[int, int, float]:
     """(queued requests, live workers, the tenant's virtual backlog)."""
     pipe = get_async_redis().pipeline(transaction=False)
-    pipe.hlen(key("wfq", pool, "items"))
-    pipe.zcount(key("workers", pool), time.time() - settings.WORKER_DEAD_AFTER_SECONDS, "+inf")
-    pipe.hget(key("wfq", pool, "state"), "vtime")
-    pipe.hget(key("wfq", pool, "last"), str(tenant_id))
+    pipe.hlen(pool_key("wfq", pool, "items"))
+    pipe.zcount(pool_key("workers", pool), time.time() - settings.WORKER_DEAD_AFTER_SECONDS, "+inf")
+    pipe.hget(pool_key("wfq", pool, "state"), "vtime")
+    pipe.hget(pool_key("wfq", pool, "last"), str(tenant_id))
     queued, workers, vtime, last = await pipe.execute()
     backlog = max(0.0, float(last or 0) - float(vtime or 0))
     return int(queued), int(workers), backlog

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from gateway.inference.errors import model_not_found, unavailable
 from gateway.orm import in_thread
-from infra.redis_conn import get_async_redis, key
+from infra.redis_conn import get_async_redis, pool_key
 from tenants.models import Pool, ServedModel
 from workers.engine.adapters import AdapterCatalog, AdapterNotFound
 from workers.engine.registry import EngineConfigError, adapter_catalog
@@ -75,9 +76,16 @@ def _load_catalog() -> Catalog:
         PoolInfo(p.name, p.region, p.dedicated_to_id, models[p.model.name], p.max_sequences,
                  p.backend, str((p.backend_settings or {}).get("dialect") or "vllm"),
                  _adapters(p))
-        for p in Pool.objects.filter(enabled=True).select_related("model")
+        for p in _cell_pools().select_related("model")
     )
     return Catalog(models, pools)
+
+
+def _cell_pools() -> Any:
+    """The enabled pools this gateway routes to: with cells, only its own cell's (their queues
+    live in this cell's Redis, and only its workers read them)."""
+    pools = Pool.objects.filter(enabled=True)
+    return pools.filter(cell=settings.CELL) if settings.CELL else pools
 
 
 def _adapters(pool: object) -> AdapterCatalog:
@@ -134,12 +142,12 @@ async def advertised_window(pool: str) -> int | None:
         return hit[1]
     client = get_async_redis()
     cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
-    wids = await client.zrangebyscore(key("workers", pool), cutoff, "+inf")
+    wids = await client.zrangebyscore(pool_key("workers", pool), cutoff, "+inf")
     windows: list[int] = []
     if wids:
         pipe = client.pipeline(transaction=False)
         for wid in wids:
-            pipe.hget(key("worker", wid.decode(), "load"), "max_model_len")
+            pipe.hget(pool_key("worker", pool, wid.decode(), "load"), "max_model_len")
         windows = [int(v) for v in await pipe.execute() if v]
     window = min(windows) if windows else None
     _windows[pool] = (now, window)
@@ -160,7 +168,13 @@ def candidates(cat: Catalog, model: str, tenant_id: int, region: str) -> list[Po
     dedicated = [p for p in pools if p.dedicated_to == tenant_id]
     if dedicated:
         return dedicated
-    return [p for p in pools if p.dedicated_to is None and p.region == region]
+    return [p for p in pools if p.dedicated_to is None and _local(p, region)]
+
+
+def _local(pool: PoolInfo, region: str) -> bool:
+    # With cells the catalog holds only this cell's pools, and reaching this cell already chose
+    # the region (requests are forwarded to the tenant's cells: docs/adr/0019).
+    return bool(settings.CELL) or pool.region == region
 
 
 @dataclass(frozen=True)
@@ -182,14 +196,15 @@ async def pool_loads(pools: list[PoolInfo]) -> list[PoolLoad]:
     cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
     pipe = client.pipeline(transaction=False)
     for p in pools:
-        pipe.zrangebyscore(key("workers", p.name), cutoff, "+inf")
-        pipe.hlen(key("wfq", p.name, "items"))
+        pipe.zrangebyscore(pool_key("workers", p.name), cutoff, "+inf")
+        pipe.hlen(pool_key("wfq", p.name, "items"))
     first = await pipe.execute()
     workers = [first[2 * i] for i in range(len(pools))]
     pipe = client.pipeline(transaction=False)
-    for wids in workers:
+    for p, wids in zip(pools, workers, strict=True):
         for wid in wids:
-            pipe.hmget(key("worker", wid.decode(), "load"), "in_flight", "max_running")
+            pipe.hmget(pool_key("worker", p.name, wid.decode(), "load"), "in_flight",
+                       "max_running")
     loads = iter(await pipe.execute())
     out = []
     for i, wids in enumerate(workers):
@@ -205,7 +220,7 @@ async def pool_loads(pools: list[PoolInfo]) -> list[PoolLoad]:
 def eligible(cat: Catalog, tenant_id: int, region: str) -> list[PoolInfo]:
     """Every pool that may serve this tenant: its dedicated pools and shared ones in its region."""
     return [p for p in cat.pools
-            if p.dedicated_to == tenant_id or (p.dedicated_to is None and p.region == region)]
+            if p.dedicated_to == tenant_id or (p.dedicated_to is None and _local(p, region))]
 
 
 def adapter_pools(cat: Catalog, name: str, tenant_id: int, region: str) -> list[PoolInfo]:

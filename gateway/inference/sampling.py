@@ -6,10 +6,14 @@ What each backend honours (docs/openai-compatibility.md has the table):
 - ``simulated`` and ``vllm`` (in process): everything; the simulated engine's constrained
   decoding cannot satisfy ``pattern`` (``workers.engine.guided``), so such schemas are refused.
 - ``openai_upstream`` with the ``vllm`` dialect: everything (vLLM's completions endpoint takes
-  the penalties, ``min_tokens`` and ``structured_outputs``) except ``logprobs``.
+  the penalties, ``min_tokens``, ``structured_outputs`` and ``logprobs``, its tokens sent as
+  exact ids with ``return_tokens_as_token_ids``).
 - ``openai`` dialect: the OpenAI completions parameters (penalties, ``logit_bias``); no
-  constrained decoding, so no ``response_format`` and no forced ``tool_choice``.
-- ``llama_cpp`` dialect: presence and frequency penalties only.
+  constrained decoding, so no ``response_format`` and no forced ``tool_choice``; no
+  ``logprobs`` (an unknown server's token strings need not be the gateway's tokenizer's); no
+  ``ignore_eos`` (a vLLM extension the OpenAI wire format lacks).
+- ``llama_cpp`` dialect: presence and frequency penalties, and ``logprobs`` (llama.cpp's token
+  text mapped to the model's ids with the same vocabulary); no ``ignore_eos``.
 
 ``n`` and plain tools (``auto``, parsed from the text) work on every backend: the worker runs n
 sequences, and tool calls are read from the output by the gateway.
@@ -27,15 +31,16 @@ from workers.engine.base import SamplingParams
 from workers.engine.guided import SchemaError, check_schema
 
 ALL = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-                 "min_tokens", "logprobs", "json_schema", "json_object", "skip_special_tokens"})
+                 "min_tokens", "logprobs", "json_schema", "json_object", "skip_special_tokens",
+                 "ignore_eos"})
 SUPPORTED: dict[tuple[str, str], frozenset[str]] = {
     ("simulated", ""): ALL,
     ("vllm", ""): ALL,
-    ("openai_upstream", "vllm"): ALL - {"logprobs"},
+    ("openai_upstream", "vllm"): ALL,
     ("openai_upstream", "openai"): frozenset({"presence_penalty", "frequency_penalty",
                                               "logit_bias", "skip_special_tokens"}),
     ("openai_upstream", "llama_cpp"): frozenset({"presence_penalty", "frequency_penalty",
-                                                 "skip_special_tokens"}),
+                                                 "logprobs", "skip_special_tokens"}),
 }
 
 
@@ -52,6 +57,7 @@ def sampling_params(req: InferenceRequest, max_tokens: int,
         # Mistral's [TOOL_CALLS] is a special token: keep it in the text for the parser.
         skip_special_tokens=not (tool_call_parser == "mistral"
                                  and req.tool_choice.mode == "auto"),
+        may_call_tools=req.kind == "chat" and req.tool_choice.mode == "auto" and bool(req.tools),
     )
 
 

@@ -1,28 +1,52 @@
 -- admit.lua: charge every limit of one request in one step, or charge nothing.
+-- Every key is on the tenant's slot (hash tag {t.TENANT}, key buckets and counters included).
+-- The request's own state is written next, on its pool's slot, by open.lua (ADR 0018).
 --
--- KEYS[1]  req:{rid}            KEYS[2]  deadlines (zset)
+-- KEYS[1]  charges (zset rid -> release-by time: one release token per charged request)
+-- KEYS[2]  charges:what (hash rid -> the counter keys to release, space-separated)
 -- KEYS[3..6]  token buckets: tenant input, tenant output, key input, key output (hash level, ts)
 -- KEYS[7..8]  concurrency counters: tenant, key
 -- KEYS[9..10] open-stream counters: tenant, key
 -- ARGV[1] rid  ARGV[2] now in seconds ('' = Redis TIME)  ARGV[3] prompt tokens
--- ARGV[4] max output tokens  ARGV[5] stream (0/1)  ARGV[6] seconds until the backstop settles it
+-- ARGV[4] max output tokens  ARGV[5] stream (0/1)  ARGV[6] seconds until the token expires
 -- ARGV[7..14] rate per minute, burst for the four buckets (rate 0 = not limited)
 -- ARGV[15..16] concurrency limits, ARGV[17..18] open-stream limits (0 = not limited)
--- ARGV[19..] field, value pairs stored in req:{rid} on success
 --
 -- Invariants (tests/test_accounting.py tries to break them):
 --   A1  every bucket level stays within [0, burst]: refill is capped at burst and a charge is
 --       made only when level >= amount.
---   A2  all or nothing: every check runs before the first write, so a rejection writes nothing.
+--   A2  all or nothing: every check runs before the first charge, so a rejection charges
+--       nothing (the prune of A5 may still release expired tokens).
 --   A3  a counter never exceeds its limit: check and increment happen in this one script.
---   A4  a request id is admitted once: an existing req:{rid} is refused ("duplicate").
+--   A4  a request id is charged once while its token lives: an existing token is refused
+--       ("duplicate"); open.lua refuses an id whose req hash exists.
+--   A5  the counters a request took are given back exactly once: by release.lua, which runs
+--       only if it removes the token, or, when no release came by the token's expiry (a
+--       process died between admit and open, or between settle and release), by the prune
+--       below, which also removes the token first. Buckets are not refunded by the prune:
+--       they refill by themselves, so a lost refund costs the tenant at most one charge's
+--       worth of rate for a minute.
+--   C1  a split tenant's bucket holds its cell's share (share_rate, share_burst, written by
+--       cell_share.lua): it replaces the caller's rate and burst, so every gateway of the cell
+--       enforces the share the rebalancer last set, atomically with the charge (docs/adr/0019).
 
+local PRUNE = 16
 local now = tonumber(ARGV[2])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- A5: release the counters of requests whose release never came (at most PRUNE per call).
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, PRUNE)
+for _, rid in ipairs(expired) do
+  local what = redis.call('HGET', KEYS[2], rid) or ''
+  for k in string.gmatch(what, '%S+') do
+    if redis.call('DECR', k) < 0 then redis.call('SET', k, '0') end
+  end
+  redis.call('ZREM', KEYS[1], rid)
+  redis.call('HDEL', KEYS[2], rid)
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   return {0, 'duplicate', '', '0', '-1', '-1', '-1', '-1', '0'}
 end
 local prompt = tonumber(ARGV[3])
@@ -38,8 +62,9 @@ for i = 1, 4 do
   rates[i] = tonumber(ARGV[5 + 2 * i])
   bursts[i] = tonumber(ARGV[6 + 2 * i])
   if rates[i] > 0 then
-    local v = redis.call('HMGET', KEYS[2 + i], 'level', 'ts')
+    local v = redis.call('HMGET', KEYS[2 + i], 'level', 'ts', 'share_rate', 'share_burst')
     local level, ts = tonumber(v[1]), tonumber(v[2])
+    if v[3] then rates[i], bursts[i] = tonumber(v[3]), tonumber(v[4]) end  -- a cell's share (C1)
     if not level then
       level = bursts[i]
     else
@@ -120,28 +145,15 @@ for i = 1, 4 do
                'ts', string.format('%.6f', now))
   end
 end
+local taken = {}
 for j = 1, 2 do
   redis.call('INCR', KEYS[6 + j])
-  if stream == 1 then redis.call('INCR', KEYS[8 + j]) end
+  taken[#taken + 1] = KEYS[6 + j]
+  if stream == 1 then
+    redis.call('INCR', KEYS[8 + j])
+    taken[#taken + 1] = KEYS[8 + j]
+  end
 end
-
-local now_ms = math.floor(now * 1000)
-local fields = {
-  'state', 'queued', 'admitted_at', tostring(now_ms), 'p', ARGV[3], 'o', ARGV[4],
-  'stream', ARGV[5], 'delivered', '0',
-  'b1', KEYS[3], 'b2', KEYS[4], 'b3', KEYS[5], 'b4', KEYS[6],
-  'c1', KEYS[7], 'c2', KEYS[8], 's1', KEYS[9], 's2', KEYS[10],
-}
-for i = 1, 4 do
-  fields[#fields + 1] = 'r' .. i
-  fields[#fields + 1] = ARGV[5 + 2 * i]
-  fields[#fields + 1] = 'x' .. i
-  fields[#fields + 1] = ARGV[6 + 2 * i]
-end
-for i = 19, #ARGV, 2 do
-  fields[#fields + 1] = ARGV[i]
-  fields[#fields + 1] = ARGV[i + 1]
-end
-redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('ZADD', KEYS[2], string.format('%.3f', now + tonumber(ARGV[6])), ARGV[1])
+redis.call('ZADD', KEYS[1], string.format('%.3f', now + tonumber(ARGV[6])), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], table.concat(taken, ' '))
 return {1, 'ok', '', '0', headers[1], headers[2], headers[3], headers[4], headers[5]}

@@ -1,5 +1,5 @@
 -- reap_finish.lua: forget a dead worker once none of its requests is left unsettled.
--- KEYS[1] workers:{pool}  KEYS[2] worker:{wid}:inflight  KEYS[3] worker:{wid}:load
+-- KEYS[1] workers:{p.POOL}  KEYS[2] worker:{p.POOL}:wid:inflight  KEYS[3] worker:{p.POOL}:wid:load
 -- ARGV[1] worker id
 if redis.call('SCARD', KEYS[2]) > 0 then return 0 end
 redis.call('ZREM', KEYS[1], ARGV[1])

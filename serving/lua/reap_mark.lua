@@ -1,6 +1,6 @@
 -- reap_mark.lua: declare a worker dead if its last heartbeat is still too old.
 --
--- KEYS[1] workers:{pool}  KEYS[2] worker:{wid}:reaped
+-- KEYS[1] workers:{p.POOL}  KEYS[2] worker:{p.POOL}:wid:reaped
 -- ARGV[1] worker id  ARGV[2] dead-after seconds  ARGV[3] marker TTL seconds
 -- Returns 1 when the worker is (now, or already) marked dead, 0 when it beat in time.
 if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end

@@ -1,6 +1,9 @@
--- settle.lua: end a request exactly once: refund, release, record usage, post the last event.
+-- settle.lua: end a request exactly once: record usage, post the last event, and say what
+-- release.lua must give back on the tenant's slot.
+-- Every key is on the request's pool's slot (ADR 0018).
 --
--- KEYS[1] req:{rid}  KEYS[2] deadlines  KEYS[3] usage:pending  KEYS[4] stream:{rid}
+-- KEYS[1] req:{p.POOL}:rid  KEYS[2] deadlines:{p.POOL}  KEYS[3] usage:{p.POOL}:pending
+-- KEYS[4] stream:{p.POOL}:rid
 -- ARGV[1] rid  ARGV[2] now in seconds ('' = Redis TIME)  ARGV[3] status  ARGV[4] finish reason
 -- ARGV[5] prompt tokens (-1 = the amount charged at admission)  ARGV[6] cached prompt tokens
 -- ARGV[7] output tokens (-1 = the count delivered to the stream so far)  ARGV[8] error code
@@ -10,11 +13,13 @@
 --
 -- Invariants:
 --   S1  once: the first call flips state to 'settled'; every later call returns {0, state} and
---       writes nothing, so refunds, releases and the usage record happen exactly once.
+--       writes nothing, so the usage record happens exactly once, and only the winner is told
+--       to release (release.lua's token makes that once too, even if the winner retries).
 --   S2  the usage record is pushed by the same script that settles, so a settled request has
 --       exactly one record and a record always belongs to a settled request.
---   S3  buckets stay within [0, burst] (refunds are capped, extra charges floor at 0) and the
---       counters admit incremented are decremented once, never below zero.
+--   S3  the refund and the counters are the tenant's, on another slot: the reply carries the
+--       bucket deltas and keys for release.lua (invariants R1, R2 there; A5 in admit.lua
+--       covers a winner that dies before releasing).
 --   S4  the request leaves the deadlines zset and its worker's in-flight set in this step.
 
 local st = redis.call('HGET', KEYS[1], 'state')
@@ -38,30 +43,6 @@ local output = tonumber(ARGV[7])
 if output < 0 then output = tonumber(h.delivered or '0') end
 local cached = math.min(tonumber(ARGV[6]), prompt)
 
--- The engine's counts win: refund what was charged but not used, charge what was used beyond.
-local deltas = {charged_in - prompt, charged_out - output, charged_in - prompt, charged_out - output}
-for i = 1, 4 do
-  local rate, burst = tonumber(h['r' .. i]), tonumber(h['x' .. i])
-  if rate and rate > 0 and deltas[i] ~= 0 then
-    local k = h['b' .. i]
-    local v = redis.call('HMGET', k, 'level', 'ts')
-    local level, ts = tonumber(v[1]) or burst, tonumber(v[2]) or now
-    level = math.min(burst, level + math.max(0, now - ts) * rate / 60)
-    level = math.max(0, math.min(burst, level + deltas[i]))
-    redis.call('HSET', k, 'level', string.format('%.6f', level), 'ts',
-               string.format('%.6f', math.max(now, ts)))
-  end
-end
-
-local function release(k)
-  if k and redis.call('DECR', k) < 0 then redis.call('SET', k, '0') end
-end
-release(h.c1)
-release(h.c2)
-if h.stream == '1' then
-  release(h.s1)
-  release(h.s2)
-end
 redis.call('ZREM', KEYS[2], ARGV[1])
 if h.inflight then redis.call('SREM', h.inflight, ARGV[1]) end
 if ARGV[12] ~= '' then redis.call('SREM', ARGV[12], ARGV[1]) end
@@ -105,6 +86,16 @@ if ARGV[13] and ARGV[13] ~= '' then
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', unpack(ev))
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], tonumber(ARGV[10])) end
-return {1, encoded, h.pool or '', h.tenant or '', h.weight or '1', tostring(charged_in),
-        tostring(charged_out), tostring(prompt), tostring(output),
-        (h.dispatched_at or ARGV[12] ~= '') and '1' or '0'}
+-- What release.lua needs: the engine's counts win, so refund what was charged but not used and
+-- charge what was used beyond (tenant input, tenant output, key input, key output).
+local out = {1, encoded, h.pool or '', h.tenant or '', h.weight or '1', tostring(charged_in),
+             tostring(charged_out), tostring(prompt), tostring(output),
+             (h.dispatched_at or ARGV[12] ~= '') and '1' or '0', h.tk or '', h.tw or ''}
+local deltas = {charged_in - prompt, charged_out - output, charged_in - prompt, charged_out - output}
+for i = 1, 4 do
+  out[#out + 1] = h['b' .. i] or ''
+  out[#out + 1] = tostring(deltas[i])
+  out[#out + 1] = h['r' .. i] or '0'
+  out[#out + 1] = h['x' .. i] or '0'
+end
+return out

@@ -151,6 +151,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def load(self) -> EngineLoad: ...
 
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens a second this engine computes, for the dispatcher's prefill shares
+        (docs/adr/0017); None when unknown (no prefill shares: slots and KV only)."""
+        return None
+
     def failure(self) -> str | None:
         """Why this engine can serve nothing more until it is restarted (its core process
         died), or None while it is healthy. The host polls it: a failed engine is stopped and

@@ -20,7 +20,7 @@ class PumpedStream:
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[TokenDelta | EngineError] = asyncio.Queue()
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[Any] | None = None
         self.done = False  # the pump ended by itself: nothing left to cancel
 
 

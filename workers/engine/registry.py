@@ -31,6 +31,8 @@ NUM = (int, float)
 SIM_KEYS: dict[str, Any] = {
     "decode_tokens_per_s": NUM, "pool_tokens_per_s": (*NUM, type(None)),
     "prefill_tokens_per_s": NUM, "prefill_chunk_tokens": int, "step_overhead_s": NUM,
+    "max_num_batched_tokens": int, "long_prefill_token_threshold": int,
+    "max_num_partial_prefills": int,
     "block_size": int, "seed": int, "enable_prefix_caching": bool, "kv_watermark": NUM,
     "fail_request_ids": list, "faults": list, "embedding_dim": int,
 }
@@ -38,7 +40,9 @@ VLLM_KEYS: dict[str, Any] = {
     "model": str, "tokenizer_path": str, "gpu_memory_utilization": NUM,
     "enable_prefix_caching": bool, "scheduling_policy": str, "dtype": str,
     "tensor_parallel_size": int, "block_size": int, "max_num_batched_tokens": int,
-    "kv_cache_dtype": str, "enforce_eager": bool, "seed": int, "engine_args": dict,
+    "long_prefill_token_threshold": int, "max_num_partial_prefills": int,
+    "prefill_tokens_per_s": NUM, "kv_cache_dtype": str, "enforce_eager": bool, "seed": int,
+    "engine_args": dict,
     "kv_cache_memory_bytes": int,
 }
 UPSTREAM_KEYS: dict[str, Any] = {
@@ -77,6 +81,7 @@ class EngineSpec:
     tokenizer_path: str = ""
     model_id: str = ""  # ServedModel.engine_model_id: the path or id the engine loads
     dedicated: bool = False  # the pool serves one tenant only
+    task: str = "generate"  # ServedModel.task: "embed" runs vLLM's pooling runner
 
     @classmethod
     def from_pool(cls, pool: Any) -> EngineSpec:
@@ -87,7 +92,7 @@ class EngineSpec:
             max_sequences=pool.max_sequences, kv_cache_tokens=pool.kv_cache_tokens,
             kv_overcommit=pool.kv_overcommit, max_model_len=m.max_model_len,
             tokenizer_path=m.tokenizer_path or "", model_id=m.engine_model_id or "",
-            dedicated=pool.dedicated_to_id is not None,
+            dedicated=pool.dedicated_to_id is not None, task=m.task,
         )
 
     @classmethod
@@ -108,7 +113,8 @@ class EngineSpec:
         if hasattr(obj, "dedicated_to_id") and hasattr(obj, "model"):
             return cls.from_pool(obj)
         names = ("backend", "backend_settings", "max_sequences", "kv_cache_tokens",
-                 "kv_overcommit", "max_model_len", "tokenizer_path", "model_id", "dedicated")
+                 "kv_overcommit", "max_model_len", "tokenizer_path", "model_id", "dedicated",
+                 "task")
         values = {n: getattr(obj, n) for n in names if hasattr(obj, n)}
         values["backend_settings"] = dict(values.get("backend_settings") or {})
         return cls(name=obj.name, **values)
@@ -216,6 +222,7 @@ def _vllm(spec: EngineSpec, clock: Any) -> Engine:
         kv_cache_tokens=spec.kv_cache_tokens,
         enable_lora=bool(lora.get("enabled", False)),
         max_loras=int(lora.get("max_loras", 4)), max_lora_rank=int(lora.get("max_lora_rank", 16)),
+        embed=spec.task == "embed",
         **values,
     )
     return VLLMEngine(settings, adapter_catalog(spec))

@@ -17,7 +17,9 @@ It runs no model, but it schedules like one (vLLM v1 is the reference):
   presence, frequency and repetition penalties, ``logit_bias``, ``min_tokens`` (end-of-sequence
   masked until then), temperature; ``logprobs`` reports the distribution the token was drawn
   from. Structured outputs (``json_schema``/``json_object``) emit a schema-valid document drawn
-  for the request (``workers.engine.guided``), token by token, then end-of-sequence.
+  for the request (``workers.engine.guided``), token by token, then end-of-sequence. Offered
+  tools under ``tool_choice: "auto"``, it calls one when the conversation asks for it, by the
+  deterministic rule in ``workers.engine.simtools``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from workers.engine.base import (
 from workers.engine.clock import Clock, RealClock
 from workers.engine.guided import sample_json
 from workers.engine.kv_cache import BlockManager, BlockTable, ModelGeometry
+from workers.engine.simtools import tool_call_text
 from workers.tokenization import HFTokenizer, IncrementalDetokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -82,11 +85,24 @@ class Fault:
 class SimConfig:
     """The modelled hardware and scheduler. Defaults: the design's noisy-neighbour pool.
 
-    A step takes ``step_overhead_s + max(t_decode, t_prefill, t_pool)`` where
-    ``t_decode = 1 / decode_tokens_per_s`` if any sequence decodes (one token per sequence per
-    step, memory-bound), ``t_prefill = prompt tokens / prefill_tokens_per_s`` (compute-bound)
-    and ``t_pool = all tokens of the step / pool_tokens_per_s`` (the pool's total rate). So
-    "2,000 tok/s pool, 500 per sequence" gives four sequences 500 tok/s each and eight 250.
+    Prefill and decode are budgeted apart, as the design asks and as real engines behave
+    (docs/adr/0017: vLLM on the CPU prefills ~10x faster than it decodes). A step takes
+    ``step_overhead_s + max(t_decode, t_prefill)``, the roofline of one batch:
+
+    - ``t_decode = max(1 / decode_tokens_per_s, decodes / pool_tokens_per_s)`` if any sequence
+      decodes: one token per sequence per step, memory-bound, at most ``decode_tokens_per_s``
+      for one sequence and ``pool_tokens_per_s`` (the pool's decode rate) for all of them. So
+      "2,000 tok/s pool, 500 per sequence" gives four sequences 500 tok/s each and eight 250;
+    - ``t_prefill = prompt tokens / prefill_tokens_per_s``: compute-bound, its own budget.
+
+    The batch follows vLLM's chunked-prefill limits: at most ``max_num_batched_tokens`` tokens
+    a step, decodes included (unset: the running sequences plus ``prefill_chunk_tokens``); at
+    most ``long_prefill_token_threshold`` prompt tokens of one request a step (0:
+    no cap; None: what prefills in one full batch's decode step), so a long prompt is chunked,
+    a short one beside it still gets its turn, and a step stays as short as a decode step; at
+    most ``max_num_partial_prefills`` requests prefilling in one step (None: no limit). The
+    step's prompt tokens go to the waiting and running prefills in priority order (lower
+    first, ``EngineRequest.priority``, then arrival), as vLLM's priority scheduling does.
     """
 
     max_running_seqs: int = 64
@@ -102,6 +118,9 @@ class SimConfig:
     pool_tokens_per_s: float | None = 2000.0
     prefill_tokens_per_s: float = 20_000.0
     prefill_chunk_tokens: int = 512
+    max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int | None = None  # None: one decode step's worth (below)
+    max_num_partial_prefills: int | None = None
     step_overhead_s: float = 0.0
     max_model_len: int = 8192
     seed: int = 0
@@ -115,8 +134,36 @@ class SimConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"SimConfig.{name} must be at least 1")
+        for name in ("max_num_batched_tokens", "max_num_partial_prefills"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"SimConfig.{name} must be at least 1")
+        if (self.long_prefill_token_threshold or 0) < 0:
+            raise ValueError("SimConfig.long_prefill_token_threshold must be >= 0")
         if self.decode_tokens_per_s <= 0 or self.prefill_tokens_per_s <= 0:
             raise ValueError("SimConfig rates must be positive")
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens one step may compute, decodes included (vLLM's max_num_batched_tokens).
+
+        Unset: every running sequence's decode plus one ``prefill_chunk_tokens`` of prompt. A
+        budget below the running count would leave no room to admit anyone while the batch is
+        full of decodes (vLLM refuses ``max_num_batched_tokens < max_num_seqs`` for that
+        reason): with 1,000 streams a worker stalled at 512 running and its queue waited."""
+        return self.max_num_batched_tokens or self.max_running_seqs + self.prefill_chunk_tokens
+
+    def chunk_cap(self) -> int:
+        """Prompt tokens one request may compute in one step."""
+        threshold = self.long_prefill_token_threshold
+        if threshold is None:
+            # What prefills in the time of one full batch's decode step: a long prompt's chunk
+            # rides on the decode step without making it longer, so the sequences decoding
+            # beside it keep their rate (stall-free batching, Sarathi-Serve; ADR 0017).
+            step = 1.0 / self.decode_tokens_per_s
+            if self.pool_tokens_per_s:
+                step = max(step, self.max_running_seqs / self.pool_tokens_per_s)
+            threshold = max(16, int(self.prefill_tokens_per_s * step))
+        return threshold or self.step_tokens
 
     def kv_tokens(self) -> int:
         if self.kv_cache_tokens is not None:
@@ -125,10 +172,9 @@ class SimConfig:
 
     def step_seconds(self, decode_seqs: int, prefill_tokens: int) -> float:
         t = 1.0 / self.decode_tokens_per_s if decode_seqs else 0.0
-        t = max(t, prefill_tokens / self.prefill_tokens_per_s)
         if self.pool_tokens_per_s:
-            t = max(t, (decode_seqs + prefill_tokens) / self.pool_tokens_per_s)
-        return self.step_overhead_s + t
+            t = max(t, decode_seqs / self.pool_tokens_per_s)
+        return self.step_overhead_s + max(t, prefill_tokens / self.prefill_tokens_per_s)
 
 
 @dataclass(frozen=True)
@@ -385,6 +431,10 @@ class SimulatedEngine(Engine):
         await self.clock.sleep(tokens / self.config.prefill_tokens_per_s)
         return [_embedding(ids, width, dimensions or width) for ids in prompts]
 
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.config.prefill_tokens_per_s
+
     def load(self) -> EngineLoad:
         bm = self.blocks
         return EngineLoad(
@@ -423,6 +473,8 @@ class SimulatedEngine(Engine):
             seq.rng = random.Random(_seed_for(seed, req.prompt_token_ids)).random
         if req.sampling.constrained:
             seq.forced = self._document(req, seed)
+        elif req.sampling.may_call_tools:
+            seq.forced = self._tool_call(req, seed)
         seq.detok = self._tok.detokenizer()
         seq.finish_len = min(seq.prompt_len + req.sampling.max_tokens, self.config.max_model_len)
         self._seqs[req.request_id] = seq
@@ -442,6 +494,13 @@ class SimulatedEngine(Engine):
             raise EngineError(f"cannot decode to this JSON schema: {exc}",
                               retryable=False) from None
         return deque(self._tok.encode(text))
+
+    def _tool_call(self, req: EngineRequest, seed: int) -> deque[int] | None:
+        """The token ids of the tool call this prompt calls for, or None to answer in text
+        (the rule: ``workers.engine.simtools``)."""
+        prompt = self._tok.decode(req.prompt_token_ids, skip_special_tokens=False)
+        call = tool_call_text(prompt, random.Random(_seed_for(seed + 2, req.prompt_token_ids)))
+        return deque(self._tok.encode(call)) if call is not None else None
 
     def _validate(self, req: EngineRequest) -> None:
         ids, cfg = req.prompt_token_ids, self.config
@@ -500,25 +559,42 @@ class SimulatedEngine(Engine):
                     self._fail(seq, EngineError("engine step failed", retryable=True))
 
     def _schedule(self) -> tuple[list[tuple[_Seq, int]], int, int]:
-        """Pick this step's batch: (sequence, tokens to compute) pairs, decodes, prompt tokens."""
+        """Pick this step's batch: (sequence, tokens to compute) pairs, decodes, prompt tokens.
+
+        As vLLM's V1 scheduler: running sequences first, then waiting ones are admitted. Every
+        decode gets its token (and counts against ``max_num_batched_tokens``); prompt tokens
+        go to running prefills by priority, each at most ``chunk_cap()`` a step, then to
+        waiters by priority; at most ``max_num_partial_prefills`` prefills a step.
+        """
+        cfg = self.config
         plan: list[tuple[_Seq, int]] = []
-        budget = self.config.prefill_chunk_tokens
         n_decode = 0
+        prefills: list[_Seq] = []
         for seq in list(self._running):
             if seq.status != RUNNING:
                 continue  # preempted earlier in this pass
-            todo = seq.prompt_len + seq.n_out - seq.num_computed
-            if todo == 1:
+            if seq.prompt_len + seq.n_out - seq.num_computed == 1:
                 if not self._reserve_slot(seq):
                     continue
                 n_decode += 1
                 plan.append((seq, 1))
-            elif budget > 0:
-                n = min(todo, budget)
-                budget -= n
-                plan.append((seq, n))
-        budget, admitted_decodes = self._admit(plan, budget)
-        return plan, n_decode + admitted_decodes, self.config.prefill_chunk_tokens - budget
+            else:
+                prefills.append(seq)
+        budget = cfg.step_tokens - n_decode
+        partial = cfg.max_num_partial_prefills or cfg.max_running_seqs
+        prefills.sort(key=lambda s: (s.req.priority, s.arrival))
+        for seq in prefills:
+            if budget <= 0 or partial <= 0:
+                break
+            if seq.status != RUNNING:
+                continue  # a decode above preempted it
+            n = min(seq.prompt_len + seq.n_out - seq.num_computed, budget, cfg.chunk_cap())
+            budget -= n
+            partial -= 1
+            plan.append((seq, n))
+        left, admitted_decodes = self._admit(plan, budget, partial)
+        prompt_tokens = cfg.step_tokens - n_decode - left - admitted_decodes
+        return plan, n_decode + admitted_decodes, prompt_tokens
 
     def _reserve_slot(self, seq: _Seq) -> bool:
         """A block for the token this decode step computes; preempt the newest if none is free."""
@@ -529,11 +605,13 @@ class SimulatedEngine(Engine):
                 return False
         return True
 
-    def _admit(self, plan: list[tuple[_Seq, int]], budget: int) -> tuple[int, int]:
+    def _admit(self, plan: list[tuple[_Seq, int]], budget: int,
+               partial: int) -> tuple[int, int]:
         """Admit waiters into free slots and blocks; returns (budget left, decode-like steps)."""
         cfg, bm = self.config, self.blocks
         decodes = 0
-        while self._waiting and len(self._running) < cfg.max_running_seqs and budget > 0:
+        while (self._waiting and len(self._running) < cfg.max_running_seqs and budget > 0
+               and partial > 0):
             seq = self._waiting[0][2]
             if seq.status != WAITING:
                 heappop(self._waiting)  # finished while waiting (aborted): drop the entry
@@ -552,10 +630,12 @@ class SimulatedEngine(Engine):
             todo = len(tokens) - cached
             if todo == 1:  # all but the last token cached: costs what a decode step does
                 decodes += 1
+                budget -= 1
                 plan.append((seq, 1))
             else:
-                n = min(todo, budget)
+                n = min(todo, budget, cfg.chunk_cap())
                 budget -= n
+                partial -= 1
                 plan.append((seq, n))
         return budget, decodes
 

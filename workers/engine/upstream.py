@@ -19,6 +19,11 @@ ids where it sends them, else the model's tokenizer over the streamed text, exce
 request stopped by ``length`` generated exactly the ``max_tokens`` it was sent. The upstream's
 own usage, when reported, is authoritative and reconciles the count (a difference is logged).
 
+Logprobs: asked of the completions endpoint (``logprobs``: k) and mapped to token ids, the
+unit the worker frames and the gateway renders (``upstream_logprobs``): vLLM is asked for
+``return_tokens_as_token_ids`` (exact); llama.cpp sends token text, mapped with the model's
+tokenizer.
+
 Cancelling: ``abort`` (or closing the delta iterator) cancels the request's task, which closes
 the upstream response and so its connection; both vLLM and llama.cpp's server stop generating
 when the client goes. Timeouts are bounded: connect, first byte (queueing + prefill upstream),
@@ -33,7 +38,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +52,7 @@ from workers.engine.base import (
     EngineRequest,
     FinishReason,
     TokenDelta,
+    TokenLogprob,
     Usage,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
@@ -179,16 +185,62 @@ def build_body(
             body["structured_outputs"] = {"json": json.loads(sp.json_schema)}
         elif sp.json_object:
             body["structured_outputs"] = {"json_object": True}
+    if sp.logprobs is not None:
+        # The completions endpoint's logprobs: the sampled token's and the top k.
+        body["logprobs"] = sp.logprobs
+        if s.dialect == "vllm":
+            # Tokens as "token_id:N": exact ids, whatever the bytes of the token.
+            body["return_tokens_as_token_ids"] = True
     if s.send_priority:
         body["priority"] = request.priority
     body.update(s.extra_body)
     return body
 
 
+def _token_id(token: str, tokenizer: HFTokenizer) -> int | None:
+    """An upstream's token string as an id: vLLM's exact "token_id:N", else the one id the
+    gateway's tokenizer makes of the text (llama.cpp sends token text); None when it makes
+    several (bytes of a split character), which cannot be named by one id."""
+    if token.startswith("token_id:"):
+        try:
+            return int(token[len("token_id:"):])
+        except ValueError:
+            return None
+    ids = tokenizer.encode(token)
+    return ids[0] if len(ids) == 1 else None
+
+
+def upstream_logprobs(lp: dict[str, Any], ids: list[int], k: int,
+                      tokenizer: HFTokenizer) -> tuple[TokenLogprob, ...]:
+    """A completions chunk's ``logprobs`` (``tokens``, ``token_logprobs``, ``top_logprobs``)
+    as ours: one entry per token, its id (the chunk's own id where the upstream sent ids),
+    its logprob, and the top k alternatives by logprob."""
+    tokens = lp.get("tokens") or []
+    values = lp.get("token_logprobs") or []
+    tops = lp.get("top_logprobs") or []
+    out = []
+    for i, token in enumerate(tokens):
+        tid = _token_id(str(token), tokenizer)
+        if tid is None and len(ids) == len(tokens):
+            tid = ids[i]
+        if tid is None:
+            continue
+        value = values[i] if i < len(values) and values[i] is not None else 0.0
+        alternatives = []
+        for alt, alt_lp in ((tops[i] if i < len(tops) else None) or {}).items():
+            alt_id = _token_id(str(alt), tokenizer)
+            if alt_id is not None and alt_lp is not None:
+                alternatives.append((alt_id, max(float(alt_lp), -9999.0)))
+        alternatives.sort(key=lambda a: -a[1])
+        out.append(TokenLogprob(tid, max(float(value), -9999.0), tuple(alternatives[:k])))
+    return tuple(out)
+
+
 class _Tally:
     """What one request has streamed, and its usage once the upstream is done."""
 
     def __init__(self, request: EngineRequest, max_tokens: int) -> None:
+        self.top_k = request.sampling.logprobs  # None: no logprobs asked for
         self.prompt = len(request.prompt_token_ids)
         self.max_tokens = max_tokens
         self.ids = 0
@@ -288,19 +340,59 @@ class UpstreamEngine(Engine):
                               retryable=False) from None
         return adapter.upstream_model or adapter.engine_name
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+    def _prepare(self, request: EngineRequest) -> tuple[dict[str, Any], _Tally]:
         if not request.cache_salt:
             raise EngineError("request has no cache salt (I1)", retryable=False)
         body = build_body(request, self.settings, self._tok, self._model_for(request))
         if self._client is None:
             raise EngineError("the upstream engine is not started", retryable=True)
-        rid = request.request_id
-        tally = _Tally(request, body["max_tokens"])
+        return body, _Tally(request, body["max_tokens"])
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+        body, tally = self._prepare(request)
         # aclosing: a consumer that stops early closes the relay now, which cancels the pump.
-        relay = self._streams.relay(rid, lambda stream: self._pump(body, tally, stream))
+        relay = self._streams.relay(request.request_id,
+                                    lambda stream: self._pump(body, tally, stream))
         async with contextlib.aclosing(relay) as deltas:
             async for delta in deltas:
                 yield delta
+
+    async def stream(self, request: EngineRequest,
+                     on_delta: Callable[[TokenDelta], None]) -> TokenDelta | None:
+        """The worker's call: each chunk's delta goes to ``on_delta`` from the task reading the
+        upstream, with no queue and no generator between (``generate`` relays through both:
+        a task switch per token per stream, which was a fifth of the worker's CPU)."""
+        body, tally = self._prepare(request)
+        rid = request.request_id
+        if rid in self._streams:
+            raise EngineError(f"request {rid} is already running", retryable=False)
+        stream = self._streams[rid] = PumpedStream()
+        task = stream.task = asyncio.get_running_loop().create_task(
+            self._pump_to(body, tally, stream, on_delta))
+        try:
+            # wait(), not await: the caller's cancel must reach here, not only the task.
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            await self._streams.abort(rid)
+            raise
+        finally:
+            self._streams.pop(rid, None)
+        last: TokenDelta = task.result()  # the last delta (an abort's too), or the EngineError
+        on_delta(last)
+        return last
+
+    async def _pump_to(self, body: dict[str, Any], tally: _Tally, stream: PumpedStream,
+                       on_delta: Callable[[TokenDelta], None]) -> TokenDelta:
+        try:
+            reason = await self._relay(body, tally, on_delta)
+            last = TokenDelta([], "", reason, tally.usage(self._tok, reason))
+        except asyncio.CancelledError:  # abort(): the request ends with what it streamed
+            last = TokenDelta([], "", FinishReason.ABORT, tally.partial(self._tok))
+        except Exception as exc:
+            raise self._error(exc, tally) from None
+        finally:
+            stream.done = True
+        return last
 
     async def _pump(self, body: dict[str, Any], tally: _Tally, stream: PumpedStream) -> None:
         put = stream.queue.put_nowait
@@ -316,7 +408,11 @@ class UpstreamEngine(Engine):
             stream.done = True
 
     async def _relay(self, body: dict[str, Any], tally: _Tally, put: Any) -> str:
-        """Stream the upstream response into deltas; returns the finish reason."""
+        """Stream the upstream response into deltas; returns the finish reason.
+
+        Server-sent events are split by hand on the raw bytes (``data:`` lines, events
+        ended by a blank line): httpx's text and line decoders cost more per token than the
+        JSON parse of the chunk itself."""
         assert self._client is not None
         s = self.settings
         reason: str | None = None
@@ -326,20 +422,20 @@ class UpstreamEngine(Engine):
                     self._client.stream("POST", s.completions_url, json=body))
                 if response.status_code != 200:
                     raise UpstreamHTTPError(response.status_code, await _error_text(response))
-            lines = response.aiter_lines()
+            chunks = response.aiter_bytes()
             deadline = s.first_byte_timeout_s
-            while True:
+            sse = SSEData()
+            done = False
+            while not done:
                 async with asyncio.timeout(deadline):
-                    line = await anext(lines, None)
+                    raw = await anext(chunks, None)
                 deadline = s.idle_timeout_s
-                if line is None:
-                    break
-                if not line.startswith("data:"):
-                    continue  # SSE comments, blank separators, "event:" lines
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                reason = self._chunk(json.loads(data), tally, put) or reason
+                for data in sse.feed(raw) if raw is not None else sse.close():
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    reason = self._chunk(json.loads(data), tally, put) or reason
+                done = done or raw is None
         if reason is None:
             raise ConnectionError("the upstream closed the stream before finishing")
         return reason
@@ -359,8 +455,11 @@ class UpstreamEngine(Engine):
                 # No ids on the wire (llama.cpp): the tokenizer's ids for the chunk, so the
                 # stream still counts tokens; the final usage is what settles the request.
                 ids = self._tok.encode(text)
-            if text or ids:
-                put(TokenDelta(list(ids or ()), text))
+            logprobs = (upstream_logprobs(choice["logprobs"], list(ids or ()), tally.top_k,
+                                          self._tok)
+                        if tally.top_k is not None and choice.get("logprobs") else None)
+            if text or ids or logprobs:
+                put(TokenDelta(list(ids or ()), text, logprobs=logprobs))
             if choice.get("finish_reason"):
                 reason = _FINISH.get(choice["finish_reason"], FinishReason.STOP)
         return reason
@@ -385,10 +484,16 @@ class UpstreamEngine(Engine):
     async def embed(self, request_id: str, prompts: list[list[int]],
                     dimensions: int | None = None) -> list[list[float]]:
         """Pass-through to the upstream's ``/v1/embeddings`` (token ids for the vllm dialect,
-        text otherwise), vectors as floats."""
+        text otherwise), vectors as floats (the gateway encodes base64 itself)."""
         if self._client is None:
             raise EngineError("the upstream engine is not started", retryable=True)
         s = self.settings
+        if dimensions is not None and s.dialect == "llama_cpp":
+            # llama.cpp's server ignores `dimensions` and answers full width: refused, not
+            # silently a vector of another size.
+            raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for "
+                              "this model: its server (llama.cpp) cannot shorten embeddings.",
+                              refused=True)
         inputs: list[Any] = [list(p) if s.prompt_format == "token_ids"
                              else self._tok.decode(list(p)) for p in prompts]
         body: dict[str, Any] = {"model": s.model, "input": inputs, "encoding_format": "float"}
@@ -402,12 +507,17 @@ class UpstreamEngine(Engine):
             if response.status_code != 200:
                 raise UpstreamHTTPError(response.status_code, response.text[:500])
             data = sorted(response.json()["data"], key=lambda d: d["index"])
-            return [[float(x) for x in d["embedding"]] for d in data]
+            vectors = [d["embedding"] for d in data]
         except UpstreamHTTPError as exc:
-            raise EngineError(str(exc)[:500], retryable=retryable_status(exc.status)) from None
-        except (TimeoutError, httpx.HTTPError, OSError, KeyError, ValueError) as exc:
+            # The upstream turning the input down (its context window, a `dimensions` it
+            # cannot honour) is the client's 400, as for generation.
+            raise EngineError(str(exc)[:500], retryable=retryable_status(exc.status),
+                              refused=exc.status in REFUSAL_STATUSES) from None
+        except (TimeoutError, httpx.HTTPError, OSError, KeyError, ValueError,
+                TypeError) as exc:
             raise EngineError(f"upstream embeddings failed: {type(exc).__name__}",
                               retryable=True) from None
+        return _check_vectors(vectors, len(prompts), dimensions)
 
     async def abort(self, request_id: str) -> None:
         await self._streams.abort(request_id)
@@ -418,6 +528,49 @@ class UpstreamEngine(Engine):
         n = len(self._streams)
         return EngineLoad(running=n, waiting=0, max_running=self.settings.max_connections,
                           kv_tokens_used=0, kv_tokens_total=0)
+
+
+def _check_vectors(vectors: list[Any], count: int, dimensions: int | None) -> list[list[float]]:
+    """The upstream's vectors as floats, one flat vector per input of the asked width.
+
+    A causal LM served without a pooling type makes llama.cpp's server answer one vector per
+    *token* (a list of lists): a misconfigured upstream, not a transient fault, so not retried.
+    """
+    if len(vectors) != count:
+        raise EngineError(f"the upstream returned {len(vectors)} embeddings for {count} inputs",
+                          retryable=False)
+    if any(not isinstance(v, list) or not v or isinstance(v[0], list) for v in vectors):
+        raise EngineError("the upstream returned per-token embeddings, not one vector per "
+                          "input: serve an embedding model (a pooling type set)", retryable=False)
+    if dimensions is not None and any(len(v) != dimensions for v in vectors):
+        raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for this "
+                          "model: its server answered another width.", refused=True)
+    try:
+        return [[float(x) for x in v] for v in vectors]
+    except (TypeError, ValueError):
+        raise EngineError("bad upstream embeddings: not numbers", retryable=False) from None
+
+
+class SSEData:
+    """The ``data:`` payloads of a server-sent event stream, fed raw bytes as they arrive.
+
+    Each ``data:`` line is one payload, as ``aiter_lines`` read it before: OpenAI-compatible
+    servers send one JSON object per line. Comments, blank lines, ``event:`` and ``id:`` lines
+    are skipped; lines end with LF or CRLF (llama.cpp's server sends CRLF)."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        *lines, self._buf = (self._buf + raw).split(b"\n") if self._buf else raw.split(b"\n")
+        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+
+    def close(self) -> list[bytes]:
+        """A last line the stream ended without a newline."""
+        line, self._buf = self._buf, b""
+        return [line[5:].strip()] if line.startswith(b"data:") else []
 
 
 async def _error_text(response: httpx.Response) -> str:

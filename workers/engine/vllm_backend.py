@@ -97,14 +97,27 @@ class VLLMSettings:
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
-    scheduling_policy: str = "fcfs"
+    # "priority": the request's priority (its WFQ finish tag, workers.host) orders admission
+    # and prefill inside vLLM as the dispatcher orders the pool (docs/adr/0017).
+    scheduling_policy: str = "priority"
     dtype: str = "auto"
     tensor_parallel_size: int = 1
     block_size: int | None = None
+    # vLLM's chunked-prefill limits (docs/adr/0017): tokens a step, prompt tokens of one request
+    # a step (so a long prompt cannot take a whole step from a short one), prefills at once.
     max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int | None = None
+    max_num_partial_prefills: int | None = None
+    # The engine's measured prompt throughput, for the dispatcher's prefill shares (not an
+    # engine argument; bench/prefill_decode_rates.py measures it). None: no prefill shares.
+    prefill_tokens_per_s: float | None = None
     kv_cache_dtype: str = "auto"
     enforce_eager: bool = False
     seed: int = 0
+    # An embedding model (ServedModel.task "embed"): vLLM's pooling runner, the model converted
+    # to an embedder where it is a causal LM (``convert="embed"``: last-token pooling,
+    # normalised, as vLLM does for such models); served by ``embed``, never ``generate``.
+    embed: bool = False
     # Anything else AsyncEngineArgs takes, passed through unchecked (the escape hatch).
     engine_args: dict[str, Any] = field(default_factory=dict)
 
@@ -148,8 +161,12 @@ class VLLMSettings:
             args.update(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank)
         if self.block_size is not None:
             args["block_size"] = self.block_size
-        if self.max_num_batched_tokens is not None:
-            args["max_num_batched_tokens"] = self.max_num_batched_tokens
+        for name in ("max_num_batched_tokens", "long_prefill_token_threshold",
+                     "max_num_partial_prefills"):
+            if getattr(self, name) is not None:
+                args[name] = getattr(self, name)
+        if self.embed:
+            args.update(runner="pooling", convert="embed")
         args.update(self.engine_args)
         return args
 
@@ -579,6 +596,7 @@ class VLLMEngine(Engine):
         """An embedding model's pooled vectors (vLLM's pooling runner: ``encode``)."""
         if self._llm is None:
             raise EngineError("the vLLM engine is not running", retryable=True)
+        self._check_dimensions(dimensions)
         from vllm.inputs import TokensPrompt
         from vllm.pooling_params import PoolingParams
 
@@ -602,8 +620,33 @@ class VLLMEngine(Engine):
         except Exception as exc:
             raise map_error(exc, None) from None
 
+    def _check_dimensions(self, dimensions: int | None) -> None:
+        """A ``dimensions`` the model cannot honour is the request's fault, refused before the
+        engine sees it (a 400, nothing charged): only a Matryoshka model's leading components
+        make a shorter embedding, and only at the sizes it was trained for, where it names
+        them (vLLM's own check, made here so it is a refusal, not an engine failure)."""
+        if dimensions is None:
+            return
+        config = getattr(getattr(self._llm, "vllm_config", None), "model_config", None)
+        sizes = getattr(config, "matryoshka_dimensions", None)
+        width = getattr(config, "embedding_size", None)
+        if not getattr(config, "is_matryoshka", False):
+            why = "the model does not support shortened (Matryoshka) embeddings"
+        elif sizes and dimensions not in sizes:
+            why = f"the model supports {sorted(sizes)}"
+        elif isinstance(width, int) and dimensions > width:
+            why = f"the model's embeddings have {width}"
+        else:
+            return
+        raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for "
+                          f"this model: {why}.", refused=True)
+
     async def abort(self, request_id: str) -> None:
         await self._streams.abort(request_id)
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.settings.prefill_tokens_per_s
 
     def load(self) -> EngineLoad:
         inflight = len(self._streams)

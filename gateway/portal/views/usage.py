@@ -16,7 +16,7 @@ from gateway.portal.charts import chart
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from gateway.portal.views.keys import visible_keys
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, tenant_key
 from metering.billing import reports
 from metering.billing.models import SpendAlert
 from tenants import roles
@@ -106,9 +106,9 @@ def _alert_progress(alerts: Iterable[SpendAlert],
     return rows
 
 
-def _gauge(name: str, *parts: object) -> int | None:
+def _gauge(name: str, tenant_id: object) -> int | None:
     try:
-        value = get_redis().get(key(name, *parts))
+        value = get_redis().get(tenant_key(name, tenant_id, "tenant"))
     except Exception:  # the page still renders without the live numbers
         return None
     return int(value or 0)
@@ -126,8 +126,8 @@ def quotas_page(request: TenantRequest) -> HttpResponse:
     peak_out = max((r["out"] for r in peak), default=0) / 60
     default = effective_limits(tenant)
     per_model = [(m, effective_limits(tenant, m)) for m in models_for(tenant)]
-    concurrent = _gauge("conc", "tenant", tenant.id)
-    streams = _gauge("streams", "tenant", tenant.id)
+    concurrent = _gauge("conc", tenant.id)
+    streams = _gauge("streams", tenant.id)
     return page(request, "portal/quotas.html", {
         "default": default, "per_model": per_model,
         "per_model_rows": [(None, default), *per_model],

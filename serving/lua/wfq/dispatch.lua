@@ -4,7 +4,10 @@
 --       fair ('1' = slot fairness, below; '0' = none), free slots, now ('' = the Redis
 --       server's clock), activity window (s), reserve fraction,
 --       then the sequences this worker runs now: the number of tenants running here, the
---       sum of their counts, their ids and their counts (> 0), each list space-separated
+--       sum of their counts, their ids and their counts (> 0), each list space-separated,
+--       then, optionally (rule E below; '' or absent = off): the engine's prefill capacity and
+--       KV capacity in tokens, and per running tenant (same order as the ids) its prompt
+--       tokens not yet prefilled and its KV tokens held here, each list space-separated
 -- Returns {vtime, entry...} with effective tags; no entries when the pool is empty or the
 -- next request does not fit.
 --
@@ -31,6 +34,15 @@
 --    but at most floor(fraction * slots), so a crowd of idle tenants cannot idle the worker;
 -- S3 a lone active tenant has cap = slots: every slot (work-conserving); fraction 0 turns
 --    S2 off (plain work-conserving WFQ).
+-- S4 while every active tenant, and every tenant running here, has a request queued, S2 is
+--    off: the reserve keeps room for tenants whose queue is momentarily empty, and a tenant
+--    that is queued needs none, as tag order serves it at the next free slot. Caps would
+--    otherwise fix shares in slots, and a tenant whose requests hold slots long for little
+--    work (short prompts decoding beside others' long ones) could never get its share of
+--    the service while all are backlogged (docs/fairness.md, "mixed lengths"). Checked at the
+--    call's start (ZCARD active = ZCARD heads, as heads is within active; the running ids in
+--    heads), it ends within the call when a dispatch empties a queue (nothing enqueues
+--    during a call, so it never comes back within one). O(1) plus one ZMSCORE over R.
 -- A tenant S2 blocks is skipped, not waited for: it already holds its share, so skipping it
 -- cannot starve it, and its tags and vtime are untouched. Blocked tenants all run here
 -- (cap >= 1), so the scan over heads is at most lookahead + 1 + the number of tenants running
@@ -59,6 +71,23 @@
 --   running tenants missing from active (one ZMSCORE over R).
 -- So a call costs O(log tenants + lookahead + |R|): |R| <= slots for reading the worker's
 -- counts and the blocked heads the pick skips, however many tenants the pool has.
+-- Engine shares (rule E; docs/adr/0017). A slot is not the engine's unit of work: one tenant's
+-- long prompts can hold the prefill budget and the KV cache with the share of slots S1-S3
+-- give it. So a worker that passes its engine's state also keeps each active tenant within
+-- its weighted share of both, with the same u and U as the slot caps:
+--   pcap_i = max(1, floor(P * u_i / U)), kcap_i = max(1, floor(K * u_i / U)),
+-- P the prefill tokens the engine computes over the dispatch horizon, K its KV cache.
+-- E  a tenant with p_i prompt tokens waiting for prefill here and k_i KV tokens held here may
+--    take a request only if p_i < pcap_i and k_i < kcap_i (it overshoots by one request at
+--    most: a request is never refused for its own size, so a prompt longer than the share
+--    still runs, alone). Within the call a taken request adds its kv_tokens to both (the
+--    worker counts it so until the engine has its prompt length).
+-- E1 a tenant with nothing pending and nothing held passes (p = k = 0 < caps >= 1): so it
+--    only ever blocks tenants that run here, and the scan bound above still holds;
+-- E2 a tenant alone (u_i = U) passes: all the capacity (work-conserving);
+-- E3 E touches no tag, queue or vtime: it only skips a head, like S2 (H6 holds).
+-- Cost: nothing for tenants that run nothing here; for a running one, U once per call (the
+-- ZMSCORE exact_total does) and table look-ups.
 -- * Pruning: seen members older than the window leave it (and active, unless queued), the
 --   oldest PRUNE (128) per call at most, so one call's work stays bounded after a mass
 --   expiry; each member is pruned once per enqueue, amortised O(log tenants). Members still
@@ -75,13 +104,21 @@ local vtime = vtime0
 local out = {''}
 
 -- Slot fairness state. run: this worker's sequences per tenant (-position in the counts
--- until first read; counted up as this call dispatches); u: weight units; cap: exact caps;
+-- until first read; counted up as this call dispatches); here: the ids running here, in
+-- the order of the counts; u: weight units; cap: exact caps;
 -- total: U once exact; active_w, umax: U's lower bound and the largest u in active (nil
 -- until read); unused: the total unused share (small mode only). gone: tenants this call
 -- took out of active (their queue emptied), which were in it when the call began.
-local run, here, u, cap, gone = {}, {}, {}, {}, {}
-local free, nrun, slots, reserve_max, small = 0, 0, 0, 0, false
+local run, here, u, cap, gone, pos = {}, {}, {}, {}, {}, {}
+local free, nrun, slots, reserve_max, small, backlogged = 0, 0, 0, 0, false, false
 local active_w, total, umax, unused = 0, nil, nil, 0
+
+-- Rule E's state: on when the worker passed its engine's capacities.
+local engine = fair and (ARGV[14] or '') ~= ''
+local pcap_total, kcap_total = tonumber(ARGV[14] or '0'), tonumber(ARGV[15] or '0')
+-- per tenant: the worker's figures (its lists read only when a running tenant needs them),
+-- plus what this call gave it
+local pend, held, plist, hlist = {}, {}, nil, nil
 
 local counts  -- the counts argument as a list, read on first need
 local function running_count(tenant)
@@ -102,7 +139,6 @@ end
 local function exact_total()
   if total then return total end
   total = active_w
-  for t in string.gmatch(ARGV[12], '[^ ]+') do here[#here + 1] = t end
   if #here > 0 then
     local raw, missing = redis.call('ZMSCORE', active, unpack(here)), {}
     for k, t in ipairs(here) do
@@ -152,13 +188,22 @@ if fair then
   local k = 0
   for t in string.gmatch(ARGV[12], '[^ ]+') do
     k = k + 1
-    run[t] = -k
+    run[t], pos[t], here[k] = -k, k, t
   end
   reserve_max = math.floor(fraction * slots + 1e-9)
-  if reserve_max > 0 then
+  if reserve_max > 0 or engine then
     active_w = tonumber(st[3] or '0')  -- after pruning: read again if it changed it
     if #expired > 0 then active_w = tonumber(redis.call('HGET', state, 'active_w') or '0') end
-    small = redis.call('ZCARD', active) - nrun < reserve_max + n
+  end
+  if reserve_max > 0 then
+    local nactive = redis.call('ZCARD', active)
+    small = nactive - nrun < reserve_max + n
+    backlogged = nactive == redis.call('ZCARD', heads)  -- S4
+    if backlogged and #here > 0 then
+      for _, score in ipairs(redis.call('ZMSCORE', heads, unpack(here))) do
+        if not score then backlogged = false end
+      end
+    end
   end
   if small then  -- every cap and the whole unused sum, O(slots)
     local all = redis.call('ZRANGE', active, 0, -1, 'WITHSCORES')  -- < 2 * slots + n
@@ -178,11 +223,43 @@ if fair then
   end
 end
 
+-- E: the tenant's prefill pending and KV held here, as the worker passed them (0 if it runs
+-- nothing here), plus what this call gave it.
+local function engine_state(tenant)
+  if pend[tenant] == nil then
+    local i, p, h = pos[tenant], 0, 0
+    if i then  -- it runs here: its figures are in the lists, at its position in the ids
+      if not plist then
+        plist, hlist = {}, {}
+        for c in string.gmatch(ARGV[16] or '', '%d+') do plist[#plist + 1] = tonumber(c) end
+        for c in string.gmatch(ARGV[17] or '', '%d+') do hlist[#hlist + 1] = tonumber(c) end
+      end
+      p, h = plist[i] or 0, hlist[i] or 0
+    end
+    pend[tenant], held[tenant] = p, h
+  end
+  return pend[tenant], held[tenant]
+end
+
+-- E, E1, E2: may this tenant take one more request within its engine shares?
+local function engine_ok(tenant)
+  if not engine then return true end
+  local p, h = engine_state(tenant)
+  if p == 0 and h == 0 then return true end  -- E1
+  local U = exact_total()
+  u[tenant] = u[tenant] or units(tonumber(redis.call('HGET', weights, tenant) or '1'))
+  if u[tenant] >= U then return true end  -- E2: alone
+  return p < math.max(1, math.floor(pcap_total * u[tenant] / U))
+    and h < math.max(1, math.floor(kcap_total * u[tenant] / U))
+end
+
 -- Large mode with S2 failing (free - 1 < reserve_max): is every cap 1, i.e. slots * umax <
 -- 2 * active_w? Then a tenant may take a slot iff it runs nothing here. umax is read once.
 local one_slot_caps
 local function only_idle_tenants()
-  if not fair or reserve_max == 0 or small or free - 1 >= reserve_max then return false end
+  if not fair or reserve_max == 0 or small or backlogged or free - 1 >= reserve_max then
+    return false
+  end
   if one_slot_caps == nil then
     umax = tonumber(redis.call('ZRANGE', active, -1, -1, 'WITHSCORES')[2] or '1')
     one_slot_caps = math.floor(slots * umax / active_w) <= 1
@@ -192,7 +269,7 @@ end
 
 -- S1-S3: may this tenant take one more slot now?
 local function allowed(tenant)
-  if not fair or reserve_max == 0 then return true end  -- S3: no reserve
+  if not fair or reserve_max == 0 or backlogged then return true end  -- S3, S4: no reserve
   if run[tenant] == nil then return true end  -- S1: it runs nothing here, and cap >= 1
   -- S2 (its own unused share is 0 at its cap). Large mode: unused >= reserve_max all call.
   if small then
@@ -213,7 +290,8 @@ local function pick()
     local batch = redis.call('ZRANGE', heads, from, to)
     for i = 1, #batch do
       local tenant = batch[i]
-      if (idle_only and run[tenant] == nil) or (not idle_only and allowed(tenant)) then
+      if (idle_only and run[tenant] == nil)
+          or (not idle_only and allowed(tenant) and engine_ok(tenant)) then
         local entry = redis.call('ZRANGE', qprefix .. tenant, 0, 0)[1]
         local item = parse(entry)
         if item.kv <= budget then return tenant, entry, item end
@@ -237,11 +315,15 @@ while #out <= n do
     if small and r < cap[tenant] then unused = unused - 1 end
     run[tenant] = r + 1
     free = free - 1
+    if engine then  -- E: the request's KV, and its prompt until the worker knows it
+      local p, h = engine_state(tenant)
+      pend[tenant], held[tenant] = p + item.kv, h + item.kv
+    end
   end
   local q, off = qprefix .. tenant, get_shift(tenant)
   redis.call('ZREM', q, entry)
   redis.call('HDEL', items, item.rid)
-  if repair_head(q, tenant, policy) then gone[tenant] = true end
+  if repair_head(q, tenant, policy) then gone[tenant], backlogged = true, false end  -- S4
   redis.call('SADD', inflight, item.rid)
   budget = budget - item.kv
   local start = item.start + off

@@ -42,6 +42,10 @@ class Command(BaseCommand):
         parser.add_argument("--replica-tps", type=float, default=3040.0,
                             help="output tokens/s of one engine replica (plan_capacity)")
         parser.add_argument("--max-replicas-per-cell", type=int, default=50)
+        parser.add_argument("--shards-per-cell", type=int, default=1,
+                            help="Redis primaries one cell may run (1 without Redis Cluster)")
+        parser.add_argument("--regions", type=int, default=1,
+                            help="regions served: at least one cell each")
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -50,7 +54,8 @@ class Command(BaseCommand):
             plans = [plan_redis(cost, output_tpm=d, tokens_per_request=opts["tokens_per_request"],
                                 shard_cpu=opts["shard_cpu"],
                                 replica_tokens_per_s=opts["replica_tps"],
-                                max_replicas_per_cell=opts["max_replicas_per_cell"])
+                                max_replicas_per_cell=opts["max_replicas_per_cell"],
+                                shards_per_cell=opts["shards_per_cell"], regions=opts["regions"])
                      for d in opts["demand_tpm"]]
         except RedisPlanError as exc:
             raise CommandError(str(exc)) from None

@@ -1,0 +1,43 @@
+-- release.lua: give back a settled request's tenant-side charges, once (after settle.lua).
+-- Every key is on the tenant's slot (ADR 0018).
+--
+-- KEYS[1] charges (zset: release tokens)  KEYS[2] charges:what (hash rid -> counter keys)
+-- KEYS[3..6] token buckets: tenant input, tenant output, key input, key output
+-- ARGV[1] rid  ARGV[2] now in seconds ('' = Redis TIME)
+-- ARGV[3..6] amount to add back to each bucket (negative: charge the excess)
+-- ARGV[7..14] rate per minute, burst for the four buckets (rate 0 = not limited)
+-- Returns 1 when it released, 0 when the token was already gone (released or pruned).
+--
+-- Invariants:
+--   R1  once: removing the token is the first write, and nothing is written without it, so a
+--       repeated or late release (and admit.lua's prune of an expired token) changes nothing.
+--   R2  buckets stay within [0, burst] (refunds are capped, extra charges floor at 0) and each
+--       counter admit.lua incremented is decremented once, never below zero.
+--   C1  a split tenant's bucket is refilled and refunded at its cell's share (share_rate,
+--       share_burst, written by cell_share.lua), as admit.lua charges it (docs/adr/0019).
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+for i = 1, 4 do
+  local delta = tonumber(ARGV[2 + i])
+  local rate, burst = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
+  if rate > 0 and delta ~= 0 then
+    local k = KEYS[2 + i]
+    local v = redis.call('HMGET', k, 'level', 'ts', 'share_rate', 'share_burst')
+    if v[3] then rate, burst = tonumber(v[3]), tonumber(v[4]) end  -- the cell's share now (C1)
+    local level, ts = tonumber(v[1]) or burst, tonumber(v[2]) or now
+    level = math.min(burst, level + math.max(0, now - ts) * rate / 60)
+    level = math.max(0, math.min(burst, level + delta))
+    redis.call('HSET', k, 'level', string.format('%.6f', level), 'ts',
+               string.format('%.6f', math.max(now, ts)))
+  end
+end
+local what = redis.call('HGET', KEYS[2], ARGV[1]) or ''
+for k in string.gmatch(what, '%S+') do
+  if redis.call('DECR', k) < 0 then redis.call('SET', k, '0') end
+end
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
