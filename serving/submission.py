@@ -77,6 +77,7 @@ class ErrorEvent:
     message: str
     retryable: bool
     event_id: str | None = None  # None when the gateway made it (deadlines)
+    param: str | None = None  # the request parameter an engine's refusal names
 
 
 Event = TokenEvent | FinishEvent | ErrorEvent
@@ -106,7 +107,8 @@ def _event(entry: transport.StreamEvent) -> list[Event]:
     if int(f.get("n", 0) or 0) or f.get("t"):
         out.append(TokenEvent(f.get("t", ""), int(f.get("n", 0) or 0), entry.id))
     if "e" in f:
-        out.append(ErrorEvent(f["e"], f.get("m", ""), f.get("r") == "1", entry.id))
+        out.append(ErrorEvent(f["e"], f.get("m", ""), f.get("r") == "1", entry.id,
+                              f.get("p")))
     elif "f" in f:
         u = json.loads(f.get("u") or "{}")
         usage = UsageInfo(int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0)),

@@ -218,8 +218,12 @@ def _relay_source() -> bytes:
     return _bulk(script("relay_step").source)
 
 
-def error_event(code: str, message: str, *, retryable: bool) -> dict[str, str]:
-    return {"e": code, "m": message, "r": "1" if retryable else "0"}
+def error_event(code: str, message: str, *, retryable: bool,
+                param: str | None = None) -> dict[str, str]:
+    event = {"e": code, "m": message, "r": "1" if retryable else "0"}
+    if param:  # the request parameter a refusal names (absent from every other error)
+        event["p"] = param
+    return event
 
 
 def finish_event(finish_reason: str, usage: Mapping[str, int], text: str = "",

@@ -578,6 +578,10 @@ def test_embeddings_float_base64_dimensions_and_metering(live, redis_client) -> 
     short = c.embeddings.create(model=EMBED, input=[TOK.encode(texts[0])], dimensions=32)
     assert len(short.data[0].embedding) == 32
     assert abs(math.fsum(x * x for x in short.data[0].embedding) - 1) < 1e-4
+    # Wider than the model's vectors: the engine's refusal is a 400 naming the parameter.
+    with pytest.raises(openai.BadRequestError) as err:
+        c.embeddings.create(model=EMBED, input=texts[0], dimensions=4096)
+    assert (err.value.code, err.value.param) == ("engine_refused", "dimensions")
     record = wait_record(redis_client, raw.headers["x-request-id"])
     assert (record["prompt_tokens"], record["completion_tokens"], record["status"]) == (
         expected, 0, "ok")

@@ -249,6 +249,7 @@ def test_embeddings_on_vllm_pooling_runner(c: openai.OpenAI, redis_client: Any) 
     with pytest.raises(openai.BadRequestError) as err:
         c.embeddings.create(model=EMBED, input=EMBED_TEXTS[0], dimensions=32)
     assert "`dimensions`" in str(err.value) and err.value.code == "engine_refused"
+    assert err.value.param == "dimensions"
     refused = wait_record(redis_client, err.value.response.headers["x-request-id"])
     assert (refused["prompt_tokens"], refused["completion_tokens"]) == (0, 0)
 

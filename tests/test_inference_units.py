@@ -172,6 +172,24 @@ def test_failures_map_to_retryable_503_only_before_any_token() -> None:
     assert (aborted.status, aborted.code) == (503, "request_cancelled")
 
 
+def test_an_engine_refusal_is_a_400_naming_its_parameter() -> None:
+    """The parameter travels from the worker's event (``p``) to the client's error."""
+    from gateway.inference.consumers import failure
+    from serving import transport
+    from serving.submission import _event
+
+    fields = transport.error_event("engine_refused", "too wide", retryable=False,
+                                   param="dimensions")
+    [event] = _event(transport.StreamEvent("1-0", fields))
+    refused = failure(event, tokens_sent=0)
+    assert (refused.status, refused.code, refused.param) == (400, "engine_refused",
+                                                             "dimensions")
+    assert refused.payload()["error"]["param"] == "dimensions"
+    plain = transport.error_event("engine_refused", "empty prompt", retryable=False)
+    assert "p" not in plain
+    assert failure(_event(transport.StreamEvent("2-0", plain))[0], 0).param is None
+
+
 def test_rejections_map_to_429_with_the_accounting_headers() -> None:
     from gateway.inference.consumers import rejection_error
     from serving.admission import RateLimitInfo

@@ -122,7 +122,7 @@ def test_embeddings_pass_through_to_llama_cpp(system, redis_client) -> None:
     # `dimensions`, refused before the server is called and charged nothing.
     with pytest.raises(openai.BadRequestError) as err:
         c.embeddings.create(model=MODEL, input=TEXTS[0], dimensions=8)
-    assert "dimensions" in str(err.value)
+    assert "dimensions" in str(err.value) and err.value.param == "dimensions"
     refused = err.value.response.headers["x-request-id"]
     settled = procs.wait_until(lambda: records_of(redis_client, refused), 10, "its record")
     assert [(r["prompt_tokens"], r["error_code"])

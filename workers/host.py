@@ -542,7 +542,8 @@ class EngineHost:
         nothing is charged, and the gateway answers 400 (``engine_refused``)."""
         await self._settle(rid, Status.ERROR, FinishReason.ERROR, 0, 0, 0,
                            error_code=REFUSED,
-                           event=transport.error_event(REFUSED, str(exc), retryable=False))
+                           event=transport.error_event(REFUSED, str(exc), retryable=False,
+                                                       param=exc.param))
 
     def _valid_ids(self, ids: list[int]) -> bool:
         if not ids:

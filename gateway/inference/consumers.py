@@ -769,12 +769,13 @@ def failure(event: facade.ErrorEvent | facade.FinishEvent, tokens_sent: int) -> 
     """The error a failed generation answers with (or sends as its last stream event)."""
     if isinstance(event, facade.FinishEvent):  # aborted by someone else (a cancel, shedding)
         code, message, retryable = "request_cancelled", "The request was cancelled.", True
+        param = None
     else:
-        code, message, retryable = event.code, event.message, event.retryable
+        code, message, retryable, param = event.code, event.message, event.retryable, event.param
     if tokens_sent == 0 and code == "engine_refused":
         # The engine turned this request down before any work (workers.host): the request is
         # at fault, and nothing was charged.
-        return ApiError(400, message, type="invalid_request_error", code=code)
+        return ApiError(400, message, type="invalid_request_error", param=param, code=code)
     if tokens_sent == 0 and retryable:
         # Nothing was generated, so nothing was billed: the client may simply try again.
         return unavailable(message, retry_after=1, code=code)

@@ -89,13 +89,17 @@ class EngineError(RuntimeError):
     ``refused``: the engine turned the request down before doing any work, because of the
     request itself (a prompt beyond its context window, ids outside its vocabulary). The client
     gets a 400 and is charged nothing, as for the same refusal by the gateway.
+    ``param``: the request parameter a refusal is about, where it is one.
     """
 
     def __init__(self, message: str, *, retryable: bool = True, usage: Usage | None = None,
-                 refused: bool = False) -> None:
+                 refused: bool = False, param: str | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable and not refused
         self.refused = refused
+        # The request parameter a refusal is about, named in the client's 400 as the gateway's
+        # own refusals name theirs (OpenAI's error ``param``).
+        self.param = param
         # What the request had used when it failed (tokens generated so far), for settlement.
         self.usage = usage
 

@@ -421,8 +421,9 @@ class SimulatedEngine(Engine):
         prefill time on the engine's clock."""
         width = self.config.embedding_dim
         if dimensions is not None and not 1 <= dimensions <= width:
-            raise EngineError(f"dimensions must be between 1 and {width} for this model",
-                              retryable=False)
+            raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for "
+                              f"this model: its embeddings have {width}.", refused=True,
+                              param="dimensions")
         for ids in prompts:
             if not ids or min(ids) < 0 or max(ids) >= self._tok.vocab_size:
                 raise EngineError("prompt has token ids outside the vocabulary",

@@ -493,7 +493,7 @@ class UpstreamEngine(Engine):
             # silently a vector of another size.
             raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for "
                               "this model: its server (llama.cpp) cannot shorten embeddings.",
-                              refused=True)
+                              refused=True, param="dimensions")
         inputs: list[Any] = [list(p) if s.prompt_format == "token_ids"
                              else self._tok.decode(list(p)) for p in prompts]
         body: dict[str, Any] = {"model": s.model, "input": inputs, "encoding_format": "float"}
@@ -544,7 +544,8 @@ def _check_vectors(vectors: list[Any], count: int, dimensions: int | None) -> li
                           "input: serve an embedding model (a pooling type set)", retryable=False)
     if dimensions is not None and any(len(v) != dimensions for v in vectors):
         raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for this "
-                          "model: its server answered another width.", refused=True)
+                          "model: its server answered another width.", refused=True,
+                          param="dimensions")
     try:
         return [[float(x) for x in v] for v in vectors]
     except (TypeError, ValueError):

@@ -639,7 +639,7 @@ class VLLMEngine(Engine):
         else:
             return
         raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for "
-                          f"this model: {why}.", refused=True)
+                          f"this model: {why}.", refused=True, param="dimensions")
 
     async def abort(self, request_id: str) -> None:
         await self._streams.abort(request_id)
