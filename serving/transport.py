@@ -111,20 +111,18 @@ class StepBatch:
     """
 
     pool: str = ""  # every request of a batch is of this pool (one worker, one pool)
-    tokens: dict[str, tuple[list[str], int]] = field(default_factory=dict)
+    # Per request: its texts, their token count, and the tokens relayed before this batch
+    # (relay_step.lua's guard, R1).
+    tokens: dict[str, tuple[list[str], int, int]] = field(default_factory=dict)
     first: set[str] = field(default_factory=set)
-    # Per request, the tokens relayed before this batch: relay_step.lua's guard (R1).
-    before: dict[str, int] = field(default_factory=dict)
     settles: list[tuple[str, list[str], list[Any]]] = field(default_factory=list)
 
     def add(self, rid: str, text: str, n: int, *, before: int, first: bool = False) -> None:
         """``before``: the tokens of ``rid`` handed to earlier batches (its delivered count
         once they are written)."""
-        texts, count = self.tokens.get(rid, ([], 0))
-        if not texts:
-            self.before[rid] = before
+        texts, count, before = self.tokens.get(rid, ([], 0, before))
         texts.append(text)
-        self.tokens[rid] = (texts, count + n)
+        self.tokens[rid] = (texts, count + n, before)
         if first:
             self.first.add(rid)
 
@@ -141,10 +139,10 @@ class StepBatch:
         first = self.first
         keys: list[bytes] = []
         args: list[bytes] = [_bulk(str(STREAM_MAXLEN)), _bulk(str(stream_ttl))]
-        for rid, (texts, count) in self.tokens.items():
+        for rid, (texts, count, before) in self.tokens.items():
             keys += (_bulk(stream_prefix + rid), _bulk(req_prefix + rid))
             args += (_bulk("".join(texts)), _bulk(str(count)),
-                     _ONE if rid in first else _ZERO, _bulk(str(self.before[rid])))
+                     _ONE if rid in first else _ZERO, _bulk(str(before)))
         head = b"*%d\r\n$4\r\nEVAL\r\n%s%s" % (
             3 + len(keys) + len(args), _relay_source(), _bulk(str(2 * n)))
         return b"".join((head, *keys, *args))

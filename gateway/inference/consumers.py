@@ -768,8 +768,8 @@ def rejection_error(rejection: facade.Rejection) -> ApiError:
 def failure(event: facade.ErrorEvent | facade.FinishEvent, tokens_sent: int) -> ApiError:
     """The error a failed generation answers with (or sends as its last stream event)."""
     if isinstance(event, facade.FinishEvent):  # aborted by someone else (a cancel, shedding)
-        code, message, retryable = "request_cancelled", "The request was cancelled.", True
-        param = None
+        code, message, retryable, param = "request_cancelled", "The request was cancelled.", \
+            True, None
     else:
         code, message, retryable, param = event.code, event.message, event.retryable, event.param
     if tokens_sent == 0 and code == "engine_refused":
