@@ -68,11 +68,12 @@ class SamplingParams:
     def non_default(self) -> list[str]:
         """Names of the parameters set away from their neutral value (capability checks)."""
         neutral = SamplingParams(max_tokens=self.max_tokens)
-        return [name for name in _OPTIONAL if getattr(self, name) != getattr(neutral, name)]
+        return [name for name in OPTIONAL if getattr(self, name) != getattr(neutral, name)]
 
 
 _FIELDS = frozenset(f.name for f in fields(SamplingParams))
-_OPTIONAL = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+# The parameters a backend may not support (gateway.inference.sampling's capability table).
+OPTIONAL = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
              "min_tokens", "logprobs", "json_schema", "json_object", "skip_special_tokens",
              "ignore_eos")
 

@@ -391,10 +391,11 @@ def upstream_embed_worker(system: dict[str, Any], embed_server: Any, django_db_b
 
 
 def test_embeddings_through_a_vllm_serve_upstream(
-        c: openai.OpenAI, embed_server: Any, upstream_embed_worker: Any,
+        c: openai.OpenAI, system: dict[str, Any], embed_server: Any, upstream_embed_worker: Any,
         redis_client: Any) -> None:
     """/v1/embeddings through the gateway to a real `vllm serve` embedder: the server's own
     vectors, float and base64, usage and the settled record equal to the tokenizer's count."""
+    ensure_upstream_embed_pool(system["tiny"], embed_server.url)
     procs.wait_for_worker(redis_client, UP_EMBED_POOL, UP_EMBED_WORKER, upstream_embed_worker,
                           timeout=30)
     vectors = checked_embeddings(c, UP_EMBED, redis_client)

@@ -522,7 +522,8 @@ def test_waiting_requests_start_in_priority_order(backend: Backend) -> None:
             # (and the blockers' streams).
             load = await asyncio.to_thread(backend.upstream_load)
             return int(load["running"]), int(load["waiting"])
-        return engine.load().running, engine.load().waiting
+        load = engine.load()
+        return load.running, load.waiting
 
     async def scenario(engine: Engine) -> list[str]:
         firsts: list[str] = []

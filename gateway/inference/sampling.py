@@ -27,12 +27,11 @@ from gateway.inference.errors import ApiError
 from gateway.inference.pools import PoolInfo
 from gateway.inference.requests import InferenceRequest
 from gateway.inference.tools import constraint
+from serving.wire import OPTIONAL
 from workers.engine.base import SamplingParams
 from workers.engine.guided import SchemaError, check_schema
 
-ALL = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-                 "min_tokens", "logprobs", "json_schema", "json_object", "skip_special_tokens",
-                 "ignore_eos"})
+ALL = frozenset(OPTIONAL)
 SUPPORTED: dict[tuple[str, str], frozenset[str]] = {
     ("simulated", ""): ALL,
     ("vllm", ""): ALL,

@@ -104,6 +104,12 @@ class EngineError(RuntimeError):
         self.usage = usage
 
 
+def dimensions_refused(dimensions: int, why: str) -> EngineError:
+    """The refusal of a ``dimensions`` the model cannot honour (every backend words it so)."""
+    return EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for this "
+                       f"model: {why}.", refused=True, param="dimensions")
+
+
 class Engine(abc.ABC):
     """One engine instance. Implementations must be safe to call from one asyncio loop."""
 

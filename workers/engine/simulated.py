@@ -50,6 +50,7 @@ from workers.engine.base import (
     TokenDelta,
     TokenLogprob,
     Usage,
+    dimensions_refused,
 )
 from workers.engine.clock import Clock, RealClock
 from workers.engine.guided import sample_json
@@ -421,9 +422,7 @@ class SimulatedEngine(Engine):
         prefill time on the engine's clock."""
         width = self.config.embedding_dim
         if dimensions is not None and not 1 <= dimensions <= width:
-            raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for "
-                              f"this model: its embeddings have {width}.", refused=True,
-                              param="dimensions")
+            raise dimensions_refused(dimensions, f"its embeddings have {width}")
         for ids in prompts:
             if not ids or min(ids) < 0 or max(ids) >= self._tok.vocab_size:
                 raise EngineError("prompt has token ids outside the vocabulary",

@@ -54,6 +54,7 @@ from workers.engine.base import (
     TokenDelta,
     TokenLogprob,
     Usage,
+    dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
 from workers.tokenization import HFTokenizer, load_tokenizer
@@ -455,11 +456,11 @@ class UpstreamEngine(Engine):
                 # No ids on the wire (llama.cpp): the tokenizer's ids for the chunk, so the
                 # stream still counts tokens; the final usage is what settles the request.
                 ids = self._tok.encode(text)
-            logprobs = (upstream_logprobs(choice["logprobs"], list(ids or ()), tally.top_k,
-                                          self._tok)
+            token_ids = list(ids or ())
+            logprobs = (upstream_logprobs(choice["logprobs"], token_ids, tally.top_k, self._tok)
                         if tally.top_k is not None and choice.get("logprobs") else None)
-            if text or ids or logprobs:
-                put(TokenDelta(list(ids or ()), text, logprobs=logprobs))
+            if text or token_ids or logprobs:
+                put(TokenDelta(token_ids, text, logprobs=logprobs))
             if choice.get("finish_reason"):
                 reason = _FINISH.get(choice["finish_reason"], FinishReason.STOP)
         return reason
@@ -491,9 +492,8 @@ class UpstreamEngine(Engine):
         if dimensions is not None and s.dialect == "llama_cpp":
             # llama.cpp's server ignores `dimensions` and answers full width: refused, not
             # silently a vector of another size.
-            raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for "
-                              "this model: its server (llama.cpp) cannot shorten embeddings.",
-                              refused=True, param="dimensions")
+            raise dimensions_refused(dimensions,
+                                     "its server (llama.cpp) cannot shorten embeddings")
         inputs: list[Any] = [list(p) if s.prompt_format == "token_ids"
                              else self._tok.decode(list(p)) for p in prompts]
         body: dict[str, Any] = {"model": s.model, "input": inputs, "encoding_format": "float"}
@@ -543,9 +543,7 @@ def _check_vectors(vectors: list[Any], count: int, dimensions: int | None) -> li
         raise EngineError("the upstream returned per-token embeddings, not one vector per "
                           "input: serve an embedding model (a pooling type set)", retryable=False)
     if dimensions is not None and any(len(v) != dimensions for v in vectors):
-        raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for this "
-                          "model: its server answered another width.", refused=True,
-                          param="dimensions")
+        raise dimensions_refused(dimensions, "its server answered another width")
     try:
         return [[float(x) for x in v] for v in vectors]
     except (TypeError, ValueError):

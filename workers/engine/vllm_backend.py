@@ -66,6 +66,7 @@ from workers.engine.base import (
     TokenDelta,
     TokenLogprob,
     Usage,
+    dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
 from workers.tokenization import HFTokenizer, load_tokenizer
@@ -638,8 +639,7 @@ class VLLMEngine(Engine):
             why = f"the model's embeddings have {width}"
         else:
             return
-        raise EngineError(f"The parameter `dimensions` ({dimensions}) is not supported for "
-                          f"this model: {why}.", refused=True, param="dimensions")
+        raise dimensions_refused(dimensions, why)
 
     async def abort(self, request_id: str) -> None:
         await self._streams.abort(request_id)
