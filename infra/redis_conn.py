@@ -80,7 +80,7 @@ def driver_info() -> DriverInfo:
     return DriverInfo(lib_version=get_lib_version())  # type: ignore[no-untyped-call]
 
 
-def _pool_kwargs() -> dict[str, Any]:
+def pool_kwargs() -> dict[str, Any]:
     """What every connection pool this module builds is given.
 
     Maintenance notifications (a Redis Enterprise / Cloud handoff protocol) are off. redis-py 8
@@ -126,8 +126,8 @@ def get_redis() -> redis.Redis:
         # the old master answering READONLY) reconnects to the master the sentinels name now.
         return cast(redis.Redis, sentinel.master_for(  # type: ignore[no-untyped-call]
             settings.REDIS_SENTINEL_MASTER, health_check_interval=30,
-            retry=Retry(_backoff(), 3), **_pool_kwargs(), **_master_kwargs()))
-    return redis.Redis.from_url(redis_url(), health_check_interval=30, **_pool_kwargs())
+            retry=Retry(_backoff(), 3), **pool_kwargs(), **_master_kwargs()))
+    return redis.Redis.from_url(redis_url(), health_check_interval=30, **pool_kwargs())
 
 
 def new_redis() -> redis.Redis:
@@ -150,7 +150,7 @@ def _new_async_client() -> aioredis.Redis:
         return _new_async_cluster()
     options: dict[str, Any] = {"max_connections": ASYNC_MAX_CONNECTIONS,
                                "timeout": ASYNC_POOL_TIMEOUT_S, "health_check_interval": 30,
-                               "retry": AsyncRetry(_backoff(), 3), **_pool_kwargs()}
+                               "retry": AsyncRetry(_backoff(), 3), **pool_kwargs()}
     if sentinel_mode():
         return cast(aioredis.Redis, _async_sentinel().master_for(
             settings.REDIS_SENTINEL_MASTER, connection_pool_class=_BlockingSentinelPool,
@@ -184,9 +184,9 @@ def new_async_pool(**options: Any) -> aioredis.ConnectionPool:
     """
     if sentinel_mode():
         return aiosentinel.SentinelConnectionPool(  # type: ignore[no-untyped-call]
-            settings.REDIS_SENTINEL_MASTER, _async_sentinel(), **_pool_kwargs(),
+            settings.REDIS_SENTINEL_MASTER, _async_sentinel(), **pool_kwargs(),
             **options, **_master_kwargs())
-    return aioredis.ConnectionPool.from_url(redis_url(), **_pool_kwargs(), **options)
+    return aioredis.ConnectionPool.from_url(redis_url(), **pool_kwargs(), **options)
 
 
 async def new_async_pool_for(slot_key: str, **options: Any) -> aioredis.ConnectionPool:
@@ -198,7 +198,7 @@ async def new_async_pool_for(slot_key: str, **options: Any) -> aioredis.Connecti
         return new_async_pool(**options)
     node = await _node_for(slot_key)
     return aioredis.ConnectionPool(host=node.host, port=node.port, **options,
-                                   **_pool_kwargs(), **_cluster_kwargs())
+                                   **pool_kwargs(), **_cluster_kwargs())
 
 
 async def _node_for(slot_key: str) -> Any:
@@ -225,7 +225,7 @@ async def async_pool_for(client: aioredis.Redis, slot_key: str) -> aioredis.Conn
     pools = _node_pools.get()
     pool = pools.get((node.host, node.port))
     if pool is None:
-        pool = aioredis.ConnectionPool(host=node.host, port=node.port, **_pool_kwargs(),
+        pool = aioredis.ConnectionPool(host=node.host, port=node.port, **pool_kwargs(),
                                        **_cluster_kwargs())
         pools[(node.host, node.port)] = pool
     return pool
@@ -245,7 +245,7 @@ def new_async_pubsub_client() -> aioredis.Redis:
         return get_async_redis()
     nodes = settings.REDIS_CLUSTER_NODES
     host, port = nodes[next(_pubsub_attempts) % len(nodes)]
-    return aioredis.Redis(host=host, port=port, **_pool_kwargs(), **_cluster_kwargs())
+    return aioredis.Redis(host=host, port=port, **pool_kwargs(), **_cluster_kwargs())
 
 
 def new_async_redis() -> aioredis.Redis:

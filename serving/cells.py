@@ -43,7 +43,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from serving.admission import AdmissionLimits, _bucket_keys
+from serving.admission import AdmissionLimits, bucket_key
 from serving.lua import script
 from serving.wire import text
 
@@ -145,7 +145,7 @@ class CellStep:
 
 
 def _share_keys(tenant_id: object) -> list[str]:
-    return _bucket_keys(tenant_id, 0)[:2]  # the tenant's input and output buckets
+    return [bucket_key(tenant_id, "tenant", None, kind) for kind in ("in", "out")]
 
 
 def _step(client: redis.Redis, tenant_id: object, mode: str, floor: Share,

@@ -16,6 +16,7 @@ import redis.cluster
 from django.conf import settings
 from django.db import connection, transaction
 
+from infra.redis_conn import pool_kwargs
 from serving import cells
 from tenants.limits import quota_table, resolve
 from tenants.models import Tenant
@@ -40,7 +41,9 @@ def cell_client(url: str) -> redis.Redis:
     if CLUSTER_SCHEME in url:
         seed = url.replace(CLUSTER_SCHEME, "://", 1)
         return redis.cluster.RedisCluster.from_url(seed, **timeouts)  # type: ignore[return-value]
-    return redis.Redis.from_url(url, **timeouts)
+    # The project's pool settings: a cell's Redis that restarted is not "unreachable" for one
+    # rebalance because of a stale pooled connection (infra.redis_conn.pool_kwargs).
+    return redis.Redis.from_url(url, **timeouts, **pool_kwargs())
 
 
 def split_tenants() -> list[Tenant]:
