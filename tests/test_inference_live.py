@@ -507,11 +507,36 @@ def test_bad_input_is_an_openai_4xx_and_free(live, redis_client, method: str, pa
     assert not usage_records(redis_client)
 
 
+INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
+
+
 def test_no_key_or_a_bad_key_is_401(live) -> None:
     r = httpx.post(live["url"] + "/v1/chat/completions", json={"model": MODEL}, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
         client(live["url"], "igw_wrong").models.list()
+
+
+def test_every_inference_endpoint_refuses_no_key_a_wrong_key_and_a_revoked_key(
+        live, redis_client) -> None:
+    """401 on each endpoint, before anything is admitted or charged."""
+    api_key, plain = tenant_key()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "prompt": "hi",
+            "input": "hi", "max_tokens": 2}
+
+    def status(path: str, token: str | None) -> int:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.post(live["url"] + path, json=body, headers=headers, timeout=10).status_code
+
+    for path in INFERENCE_PATHS:
+        assert status(path, None) == 401, path
+        assert status(path, "igw_wrong") == 401, path
+    api_key.revoke()
+    procs.wait_until(lambda: status("/v1/chat/completions", plain) == 401, 10,
+                     "the revoked key to be refused")
+    for path in INFERENCE_PATHS:
+        assert status(path, plain) == 401, path
+    assert not redis_client.keys(key("req", "*")) and not usage_records(redis_client)
 
 
 def test_metrics_endpoint(live, redis_client) -> None:
