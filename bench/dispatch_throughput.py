@@ -83,30 +83,21 @@ def fill(wfq: Wfq, pool: str, tenants: int, per_tenant: int, seed: int) -> int:
 FAIR_SLOTS = 64  # the slot-fair mode's worker: 63 sequences running, one slot free
 
 
-def drain_fair(wfq: Wfq, pool: str, tenants: int) -> int:
+def drain_fair(wfq: Wfq, pool: str, tenants: int, *, engine: bool = False) -> int:
     """One decision per call with slot fairness on, as EngineHost makes it: the worker passes
     its running sequences per tenant (one each for the first 63 tenants, so those are at their
-    share and the script must skip them: the costliest case, docs/adr/0006)."""
+    share and the script must skip them: the costliest case, docs/adr/0006).
+
+    ``engine``: the worker also passes its engine's state (rule E, docs/adr/0017): each running
+    tenant has a prompt waiting for prefill and KV held, so a pick that reaches one computes
+    its engine shares (U exact once per call)."""
     running = {f"tenant-{t}": 1 for t in range(min(tenants, FAIR_SLOTS - 1))}
+    shares = EngineShares(20_000.0, 381_000.0, dict.fromkeys(running, 4_000),
+                          dict.fromkeys(running, 4_000)) if engine else None
     free = FAIR_SLOTS - sum(running.values())
     done = 0
     while wfq.dispatch(pool, free_slots=free, free_kv_tokens=10**9, worker_id=WORKER,
-                       running=running):
-        done += 1
-    return done
-
-
-def drain_engine_fair(wfq: Wfq, pool: str, tenants: int) -> int:
-    """As drain_fair, and the worker also passes its engine's state (rule E, docs/adr/0017):
-    each running tenant has a prompt waiting for prefill and KV held, so a pick that reaches
-    one computes its engine shares (U exact once per call)."""
-    running = {f"tenant-{t}": 1 for t in range(min(tenants, FAIR_SLOTS - 1))}
-    engine = EngineShares(20_000.0, 381_000.0, dict.fromkeys(running, 4_000),
-                          dict.fromkeys(running, 4_000))
-    free = FAIR_SLOTS - sum(running.values())
-    done = 0
-    while wfq.dispatch(pool, free_slots=free, free_kv_tokens=10**9, worker_id=WORKER,
-                       running=running, engine=engine):
+                       running=running, engine=shares):
         done += 1
     return done
 
@@ -151,8 +142,9 @@ def one_run(client: redis.Redis, args, policy: str, mode: str, seed: int) -> dic
         drained = measure(client, lambda: drain_async(args.pool, policy))
     elif mode in ("dispatch, slot-fair", "dispatch, engine-fair"):
         # It stops once only the capped tenants have work left; the rest is drained untimed.
-        fair = drain_fair if mode == "dispatch, slot-fair" else drain_engine_fair
-        drained = measure(client, lambda: fair(wfq, args.pool, args.tenants))
+        engine = mode != "dispatch, slot-fair"
+        drained = measure(client, lambda: drain_fair(wfq, args.pool, args.tenants,
+                                                     engine=engine))
         assert drained.ops + drain(wfq, args.pool, 1) == filled.ops, "lost or doubled"
     else:
         batch = 1 if mode == "dispatch" else args.batch
@@ -189,8 +181,11 @@ def print_table(rows, tenants: int) -> None:
         median_rate = statistics.median(rates)
         script = statistics.median(s.script_usec for s in samples)
         script_text = "-" if math.isnan(script) else f"{script:.1f}"
+        # Nothing dispatched (fewer tenants than the slot-fair cases hold at their share): no
+        # time per decision.
+        per_op = f"{1e6 / median_rate:.1f}" if median_rate else "-"
         print(f"{name:<23}{policy:<8}{tenants:>8}{median_rate:>16,.0f}{min(rates):>9,.0f}"
-              f"{max(rates):>9,.0f}{1e6 / median_rate:>8.1f}{script_text:>15}")
+              f"{max(rates):>9,.0f}{per_op:>8}{script_text:>15}")
 
 
 def plot(rows, path: str) -> None:

@@ -47,7 +47,6 @@ import json
 import math
 import random
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -56,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 from _http import (
-    ROOT,
     Result,
     System,
     TenantSpec,
@@ -69,7 +67,7 @@ from _http import (
 from http_noisy_neighbour import workload as design_workload
 
 from serving.wfq import Wfq
-from workers.engine.registry import VLLM_KEYS
+from workers.engine.simulated import CORPUS
 from workers.tokenization import load_tokenizer
 
 SLOTS = 8
@@ -135,7 +133,7 @@ class Prompts:
     def __init__(self, model: str, tokenizer_dir: str | None) -> None:
         self.model = model
         self.tok = load_tokenizer(tokenizer_dir)
-        corpus = (ROOT / "workers" / "assets" / "corpus" / "gateway_prose.txt").read_text()
+        corpus = CORPUS.read_text()
         self.words = corpus.split()
         self.rng = random.Random(16)
         self.overhead = len(self.tok.apply_chat_template([{"role": "user", "content": ""}]))
@@ -409,17 +407,17 @@ def budget_quota(prefill_rate: float, context: int) -> dict[str, int]:
 def run_policy(args: argparse.Namespace, profile: Profile, policy: str,
                prefill_rate: float) -> dict[str, Any]:
     """Every scenario of one policy on one system (one gateway, one worker)."""
-    engine = {"decode_tokens_per_s": PER_SEQ, "pool_tokens_per_s": POOL_RATE,
-              "prefill_tokens_per_s": prefill_rate, **json.loads(args.engine)}
-    if args.backend == "vllm":
-        engine = {"enforce_eager": True, "kv_cache_memory_bytes": 64 << 20,
-                  "scheduling_policy": "priority", **json.loads(args.engine)}
-        if "prefill_tokens_per_s" in VLLM_KEYS:  # the measured rate, for engine shares
-            engine["prefill_tokens_per_s"] = prefill_rate
-    specs = tenants_for(profile, budget_quota(prefill_rate, args.context), args.context)
     kw: dict[str, Any] = {}
     if args.backend == "vllm":
+        # The measured prefill rate, for the engine shares (rule E).
+        engine = {"enforce_eager": True, "kv_cache_memory_bytes": 64 << 20,
+                  "scheduling_policy": "priority", **json.loads(args.engine),
+                  "prefill_tokens_per_s": prefill_rate}
         kw = {"backend": "vllm", "model_dir": args.model_dir, "worker_timeout": 900.0}
+    else:
+        engine = {"decode_tokens_per_s": PER_SEQ, "pool_tokens_per_s": POOL_RATE,
+                  "prefill_tokens_per_s": prefill_rate, **json.loads(args.engine)}
+    specs = tenants_for(profile, budget_quota(prefill_rate, args.context), args.context)
     out: dict[str, Any] = {}
     with System(backend_settings=engine, max_sequences=SLOTS, tenants=specs,
                 max_model_len=args.context, **kw,
@@ -718,5 +716,4 @@ def report(args: argparse.Namespace, profile: Profile, runs: list[dict[str, Any]
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     main()
