@@ -10,6 +10,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -225,14 +226,18 @@ def test_async_authenticate_matches_sync():
     assert err.value.body == INVALID_BODY
 
 
-def _counting_load(monkeypatch) -> list[int]:
-    """Count (and slow down, so concurrent callers overlap) the database lookups."""
+def _counting_load(monkeypatch, gate: threading.Event | None = None) -> list[int]:
+    """Count (and slow down, so concurrent callers overlap) the database lookups; with a
+    ``gate``, each lookup waits for it instead of a fixed time."""
     calls: list[int] = []
     real = auth._load
 
     def slow_load(hashes, well_formed):
         calls.append(1)
-        time.sleep(0.05)
+        if gate is None:
+            time.sleep(0.05)
+        else:
+            assert gate.wait(10), "the test never let the lookup go on"
         return real(hashes, well_formed)
 
     monkeypatch.setattr(auth, "_load", slow_load)
@@ -283,7 +288,10 @@ def test_the_leader_going_away_hands_the_lookup_to_a_waiter(monkeypatch):
     """The request doing the shared lookup is cancelled (its client left): a waiter must still
     get an answer, by leading a lookup of its own, and no flight may be left behind."""
     _, plaintext = make_key(make_tenant())
-    calls = _counting_load(monkeypatch)
+    # The leader's lookup is held until its request is cancelled: with a fixed delay, a loaded
+    # machine let it finish first (CI), and the waiter then rightly shared its answer.
+    gate = threading.Event()
+    calls = _counting_load(monkeypatch, gate)
 
     real_shield = asyncio.shield
 
@@ -302,6 +310,8 @@ def test_the_leader_going_away_hands_the_lookup_to_a_waiter(monkeypatch):
         second = asyncio.ensure_future(aauthenticate(bearer(plaintext)))
         await asyncio.wait_for(following.wait(), 10)  # the second waits on the first's lookup
         first.cancel()  # its client disconnected during the lookup
+        await asyncio.sleep(0.05)  # the cancellation reaches the leader and its waiter
+        gate.set()
         return await second
 
     assert async_to_sync(one_leaves)().tenant_id is not None
