@@ -121,7 +121,8 @@ class PoolAdmin(WorkerStatusAdminMixin, CapacityPlanAdminMixin, admin.ModelAdmin
         state = pool_state(obj.name)
         if state is None:
             return "unknown"
-        return (f"{len(state.live_workers)} workers · {state.running:,} running · "
+        alive = len(state.live_workers)
+        return (f"{alive} worker{'' if alive == 1 else 's'} · {state.running:,} running · "
                 f"{state.queued:,} queued")
 
     @admin.display(description="now")

@@ -332,6 +332,9 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Set when a successor was issued (``tenants.keys.rotate_key``): the key is retiring, works
+    # until ``expires_at`` and cannot be rotated again (the successor is the one to rotate).
+    rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = ApiKeyQuerySet.as_manager()
 

@@ -40,6 +40,10 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", same_origin_only(SpectacularSwaggerView.as_view(url_name="api:schema")),
          name="docs"),
+    # The OpenAI-compatible /v1 API first (what most readers want), then the management API.
+    path("redoc/inference/", same_origin_only(SpectacularRedocView.as_view(
+        url="/v1/openapi.json", template_name="drf_spectacular/redoc.html")),
+         name="redoc_inference"),
     path("redoc/", same_origin_only(SpectacularRedocView.as_view(url_name="api:schema")),
          name="redoc"),
     path("tenants/<slug:tenant>/", include(scoped.urls)),
