@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from gateway.portal.playground import playground_key
+from metering.billing.models import Price
 from tenants.auth import clear_cache
 from tenants.keys import rotate_key
 from tenants.models import ApiKey
@@ -146,3 +147,71 @@ def test_keys_page_shows_creator_retiring_keys_and_the_playground_key(client, wo
                        {"grace_seconds": 0}).status_code == 404
     old.refresh_from_db()
     assert old.rotated_at is not None and old.expires_at > timezone.now()
+
+
+# --- prices in the admin ------------------------------------------------------------------
+
+def price_form(model="sim-small", currency="USD", start=None, inp="0.5"):
+    start = start or this_hour() + timedelta(hours=2)
+    return {"model_name": model, "currency": currency, "input_per_mtok": inp,
+            "cached_input_per_mtok": "0.05", "output_per_mtok": "1.5",
+            "effective_from": start.strftime("%Y-%m-%dT%H:%M")}
+
+
+@pytest.fixture
+def admin_client(client, world):
+    client.force_login(world.users["admin"])
+    return client
+
+
+def test_admin_prices_pick_model_and_currency_from_lists(admin_client):
+    add = reverse("admin:billing_price_add")
+    page = admin_client.get(add).content.decode()
+    assert '<option value="sim-small">' in page and '<option value="EUR">' in page
+    default = re.search(r'name="effective_from" value="([^"]+)"', page).group(1)
+    assert default.endswith(":00") and default == (this_hour() + timedelta(hours=1)).strftime(
+        "%Y-%m-%dT%H:%M")  # the default start is on the hour, so it saves as it is
+    for bad in (price_form(model="sim-smal"), price_form(currency="usd"),
+                price_form(start=this_hour() - timedelta(hours=1)),
+                price_form(start=this_hour() + timedelta(hours=1, minutes=30))):
+        answer = admin_client.post(add, bad)
+        assert answer.status_code == 200 and "errorlist" in answer.content.decode(), bad
+    assert not Price.objects.exists()
+    assert admin_client.post(add, price_form()).status_code == 302
+    listing = admin_client.get(reverse("admin:billing_price_changelist")).content.decode()
+    assert "0.50 USD" in listing and "0.500000" not in listing
+
+
+def test_a_future_price_can_be_corrected_or_deleted_a_past_one_never(admin_client):
+    future = price("sim-small", this_hour() + timedelta(hours=3), "9", "0", "9")
+    past = price("sim-small", this_hour() - timedelta(days=1), "0.5", "0", "1")
+    change = reverse("admin:billing_price_change", args=[future.pk])
+    assert admin_client.post(change, price_form(inp="0.7",
+                                                start=future.effective_from)).status_code == 302
+    future.refresh_from_db()
+    assert str(future.input_per_mtok).startswith("0.7")
+    delete = reverse("admin:billing_price_delete", args=[future.pk])
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 302
+    assert not Price.objects.filter(pk=future.pk).exists()
+    # The past price: read-only, no delete.
+    admin_client.post(reverse("admin:billing_price_change", args=[past.pk]), price_form(inp="7"))
+    admin_client.post(reverse("admin:billing_price_delete", args=[past.pk]), {"post": "yes"})
+    past.refresh_from_db()
+    assert str(past.input_per_mtok).startswith("0.5")
+
+
+def test_api_prices_corrected_only_before_they_take_effect(client, world):
+    future = price("sim-small", this_hour() + timedelta(hours=3), "9", "0", "9")
+    past = price("sim-small", this_hour() - timedelta(days=1), "0.5", "0", "1")
+    client.force_login(world.users["admin"])
+    assert client.patch(f"/api/prices/{future.pk}/", {"input_per_mtok": "0.7"},
+                        content_type="application/json").status_code == 200
+    refused = client.patch(f"/api/prices/{past.pk}/", {"input_per_mtok": "7"},
+                           content_type="application/json")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "effective_from"
+    assert client.delete(f"/api/prices/{past.pk}/").status_code == 400
+    assert client.delete(f"/api/prices/{future.pk}/").status_code == 204
+    for who in ("owner", "member", "billing", "outsider", "staff"):
+        client.force_login(world.users[who])
+        assert client.delete(f"/api/prices/{past.pk}/").status_code == 403, who
+    assert Price.objects.filter(pk=past.pk).exists()
