@@ -383,7 +383,7 @@ AXES_COOLOFF_TIME = env_float("SIGNIN_COOLOFF_MINUTES", 15.0, minimum=0.1) / 60 
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
-AXES_LOCKOUT_TEMPLATE = "portal/locked_out.html"
+AXES_LOCKOUT_CALLABLE = "gateway.portal.lockout.lockout_response"  # says how long to wait
 AXES_VERBOSE = False
 
 # --- Production secrets (refuse development values; see REQUIRE_SECRETS above) ---------------

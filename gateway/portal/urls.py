@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
+from gateway.portal.lockout import UnlockingPasswordResetConfirmView
 from gateway.portal.views import (
     content_logging,
     finance,
@@ -27,7 +28,7 @@ urlpatterns = [
         success_url=reverse_lazy("portal:password_reset_done")), name="password_reset"),
     path("password-reset/sent/", auth_views.PasswordResetDoneView.as_view(
         template_name="portal/password_reset_sent.html"), name="password_reset_done"),
-    path("password-reset/<uidb64>/<token>/", auth_views.PasswordResetConfirmView.as_view(
+    path("password-reset/<uidb64>/<token>/", UnlockingPasswordResetConfirmView.as_view(
         template_name="portal/password_reset_confirm.html",
         success_url=reverse_lazy("portal:password_reset_complete")),
         name="password_reset_confirm"),
