@@ -28,6 +28,7 @@ from django.utils.safestring import SafeString
 
 from infra import sealed_once
 from tenants import pool_settings
+from tenants.admin_onboarding import TenantOnboardingMixin
 from tenants.admin_planner import CapacityPlanAdminMixin
 from tenants.admin_worker_status import WorkerStatusAdminMixin
 from tenants.keys import assign_secret
@@ -237,7 +238,7 @@ class ApiKeyInline(admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantOnboardingMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "status", "tier", "region", "home_cell", "extra_cells",
                     "content_logging", "key_count", "created_at"]
     list_filter = ["status", "tier", "region", "home_cell", "content_logging"]

@@ -60,6 +60,7 @@ urlpatterns = [
          name="alert_rotate_secret"),
     path("members/", members.members_page, name="members"),
     path("members/<int:pk>/", members.member_change, name="member_change"),
+    path("invitations/<int:pk>/resend/", members.invitation_resend, name="invitation_resend"),
     path("invitations/<int:pk>/revoke/", members.invitation_revoke, name="invitation_revoke"),
     path("tokens/", tokens.tokens_page, name="tokens"),
     path("tokens/created/", tokens.token_created, name="token_created"),
