@@ -89,6 +89,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gateway.portal.errors.FriendlyNotFoundMiddleware",  # no technical 404 page under DEBUG
 ]
 
 ROOT_URLCONF = "gateway.urls"
@@ -203,6 +204,8 @@ EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.Emai
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gateway@localhost")
+# Where people reach the portal, for links in emails sent outside a request (spend alerts).
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
 # Finance exports: files land here; ranges with more rollup rows than this run as a Celery task.
 MEDIA_ROOT = VAR_DIR / "media"
 EXPORT_INLINE_MAX_ROWS = env_int("EXPORT_INLINE_MAX_ROWS", 5000, minimum=1)

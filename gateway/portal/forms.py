@@ -127,6 +127,9 @@ class ReportForm(forms.Form):
         data = super().clean()
         if data.get("start") and data.get("end") and data["end"] <= data["start"]:
             raise forms.ValidationError("The end must come after the start.")
+        if data.get("start") and data["start"] > timezone.now():  # no usage there yet
+            raise forms.ValidationError("The range starts in the future: there is no usage "
+                                        "to report yet.")
         return data
 
 

@@ -42,7 +42,7 @@
       : d.toLocaleDateString(undefined, { dateStyle: "medium" });
   }
 
-  document.querySelectorAll("figure.chart").forEach((figure) => {
+  function draw(root) { root.querySelectorAll("figure.chart").forEach((figure) => {
     const node = document.getElementById(figure.id + "-data");
     if (!node) return;
     const spec = JSON.parse(node.textContent);
@@ -92,5 +92,33 @@
         },
       },
     });
-  });
+  }); }
+  draw(document);
+
+  // The page follows new usage without a reload: every 30 s (while visible) the same URL is
+  // fetched and the tiles and charts are swapped in; rollups are at most about 30 s behind.
+  const form = document.getElementById("usage-filters");
+  if (form) {
+    const range = form.querySelector("select[name=range]");
+    range.addEventListener("change", () => form.querySelectorAll("input[type=date]").forEach((i) => { i.value = ""; }));
+  }
+  const stamp = document.getElementById("usage-updated");
+  async function refresh() {
+    if (document.hidden) return;
+    const url = new URL(location.href);
+    url.searchParams.delete("format");
+    const response = await fetch(url, { headers: { "X-Requested-With": "refresh" }, credentials: "same-origin" });
+    if (!response.ok) return;
+    const next = new DOMParser().parseFromString(await response.text(), "text/html");
+    for (const id of ["range-totals", "usage-charts"]) {
+      const now = document.getElementById(id), fresh = next.getElementById(id);
+      if (!now || !fresh) return;
+      if (id === "usage-charts") now.querySelectorAll("canvas").forEach((c) => { const ch = Chart.getChart(c); if (ch) ch.destroy(); });
+      now.replaceWith(document.adoptNode(fresh));
+    }
+    draw(document.getElementById("usage-charts"));
+    if (stamp) stamp.textContent = "Updated " + new Date().toLocaleTimeString(undefined, { timeZoneName: "short" });
+  }
+  if (stamp) setInterval(() => { refresh().catch(() => {}); }, 30000);
+  window.portalRefreshUsage = refresh;  // the browser tests call it instead of waiting
 })();
