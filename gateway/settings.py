@@ -345,6 +345,10 @@ BREAKGLASS_MAX_MINUTES = env_int("BREAKGLASS_MAX_MINUTES", 8 * 60, minimum=1)
 ADMINS = [("Platform", a) for a in env_list("ADMIN_EMAILS", [])]
 # OIDC bearer tokens (tenants.oidc): clock skew allowed on exp/nbf, JWKS caching.
 OIDC_LEEWAY_SECONDS = env_int("OIDC_LEEWAY_SECONDS", 30, minimum=0)
+# Big prompts are tokenized in this many processes per gateway process (gateway.inference.
+# tokenize_pool); a tenant whose prompts are refused for size this often in a minute gets 429s.
+TOKENIZE_PROCESSES = env_int("TOKENIZE_PROCESSES", 2, minimum=1)
+OVERSIZE_REFUSALS_PER_MINUTE = env_int("OVERSIZE_REFUSALS_PER_MINUTE", 10, minimum=1)
 OIDC_JWKS_CACHE_SECONDS = env_int("OIDC_JWKS_CACHE_SECONDS", 300, minimum=1)
 OIDC_JWKS_MIN_REFRESH_SECONDS = env_float("OIDC_JWKS_MIN_REFRESH_SECONDS", 30.0, minimum=0.0)
 OIDC_HTTP_TIMEOUT_SECONDS = env_float("OIDC_HTTP_TIMEOUT_SECONDS", 3.0, minimum=0.1)

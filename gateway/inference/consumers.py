@@ -41,7 +41,16 @@ from django.conf import settings
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.inference import cells, embeddings, facade, idempotency, overload, revocation, sse
+from gateway.inference import (
+    cells,
+    embeddings,
+    facade,
+    idempotency,
+    overload,
+    oversize,
+    revocation,
+    sse,
+)
 from gateway.inference.admission import size_request, tokenize
 from gateway.inference.bodylimit import read_bounded_body
 from gateway.inference.choices import Assembler, framed, needs_assembler
@@ -358,8 +367,9 @@ class CompletionConsumer(ApiConsumer):
             raise ApiError(400, f"The model `{req.model}` is an embedding model: use "
                            "/v1/embeddings.", param="model", code="invalid_value")
         limits = principal.limits(req.model)
-        prompt_ids = await tokenize(req, pool.model)
-        sized = size_request(req, prompt_ids, await serving_model(pool), limits)
+        async with oversize.counted(principal.tenant_id):  # repeated 400s for size: 429
+            prompt_ids = await tokenize(req, pool.model)
+            sized = size_request(req, prompt_ids, await serving_model(pool), limits)
         sampling = sampling_params(req, sized.max_tokens, pool.model.tool_call_parser)
         check_supported(req, sampling, pool)
         await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
