@@ -356,6 +356,13 @@ OIDC_HTTP_TIMEOUT_SECONDS = env_float("OIDC_HTTP_TIMEOUT_SECONDS", 3.0, minimum=
 # only from peers in TRUSTED_PROXY_CIDRS; from anyone else they are ignored.
 # The same list decides whose X-Forwarded-For is believed (infra.clientaddr).
 TRUSTED_PROXY_CIDRS = env_cidrs("TRUSTED_PROXY_CIDRS")
+# The one header the trusted proxy writes the client address into: x-forwarded-for (nginx
+# $proxy_add_x_forwarded_for, ALB, Envoy), forwarded (RFC 7239) or x-real-ip. Any other
+# forwarded header is the client's own and is ignored (infra.clientaddr).
+TRUSTED_PROXY_HEADER = env_str("TRUSTED_PROXY_HEADER", "x-forwarded-for").lower()
+if TRUSTED_PROXY_HEADER not in ("x-forwarded-for", "forwarded", "x-real-ip"):
+    raise ImproperSetting("TRUSTED_PROXY_HEADER must be x-forwarded-for, forwarded or "
+                          "x-real-ip")
 MTLS_CERT_HEADER = env_str("MTLS_CERT_HEADER", "X-SSL-Client-Cert")
 MTLS_FINGERPRINT_HEADER = env_str("MTLS_FINGERPRINT_HEADER", "X-SSL-Client-Fingerprint")
 # Portal SSO (gateway.sso, mozilla-django-oidc), configured per tenant on its IdentityProvider.
