@@ -147,10 +147,21 @@ def _path(world, template: str) -> str:
     )
 
 
+# What a grant holder may not do although their grant's role may (review 3, N5): anything that
+# would outlast the grant (a membership, an invitation, a key).
+MINTS_LASTING_ACCESS = {
+    ("post", f"{T}/keys/"), ("post", f"{T}/keys/{{member_key}}/rotate/"),
+    ("patch", f"{T}/members/{{billing_membership}}/"),
+    ("delete", f"{T}/members/{{billing_membership}}/"), ("post", f"{T}/invitations/"),
+}
+
+
 def _expected(row, who: str) -> int:
-    _, _, _, *codes = row
+    method, template, _, *codes = row
     if who == "anonymous":
         return 401
+    if who == "granted_owner" and (method, template) in MINTS_LASTING_ACCESS:
+        return 403
     return codes[ROLES.index(ALIASES.get(who, who))]
 
 
@@ -218,6 +229,27 @@ def test_a_grant_made_in_the_admin_is_on_record_and_cannot_be_deleted(world, cli
         "user": world.users["owner"].pk, "tenant": world.tenant.pk, "role": "owner",
         "reason": "x", "expires_at_0": "2099-01-01", "expires_at_1": "00:00:00"})
     assert refused.status_code == 200 and StaffGrant.objects.count() == 1  # not staff
+
+
+def test_a_grant_cannot_become_a_lasting_owner(world):
+    """The review's escalation path: as a grant holder, invite yourself as owner, accept, let
+    the grant be revoked; the membership and keys minted under the grant used to stay."""
+    support = _grant(world, "support", "owner")
+    client = APIClient()
+    client.force_login(support)
+    invited = client.post(f"{T}/invitations/", {"email": support.email, "role": "owner"},
+                          format="json")
+    assert invited.status_code == 403 and "grant" in invited.json()["error"]["message"]
+    assert not Invitation.objects.filter(email=support.email).exists()
+    assert client.post(f"{T}/keys/", {"name": "mine"}, format="json").status_code == 403
+    assert not ApiKey.objects.filter(name="mine").exists()
+    billing = world.tenant.memberships.get(role="billing")
+    assert client.patch(f"{T}/members/{billing.pk}/", {"role": "owner"},
+                        format="json").status_code == 403
+    assert world.tenant.memberships.get(pk=billing.pk).role == "billing"
+    # What a grant is for still works: reading, and revoking a key.
+    assert client.get(f"{T}/keys/").status_code == 200
+    assert client.delete(f"{T}/keys/{world.keys['member'].id}/").status_code == 204
 
 
 def test_a_grant_reaches_its_tenant_only(world):
