@@ -244,7 +244,8 @@ class TenantAdmin(admin.ModelAdmin):
     list_filter = ["status", "tier", "region", "home_cell", "content_logging"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
-    readonly_fields = ["created_at", "updated_at"]
+    # Content logging is switched by the tenant's owner only, with its audit row (review 3, N9).
+    readonly_fields = ["content_logging", "created_at", "updated_at"]
     list_select_related = ["tier"]
     inlines = [QuotaInline, ApiKeyInline]
     actions = ["suspend_selected", "activate_selected"]

@@ -153,6 +153,7 @@ MINTS_LASTING_ACCESS = {
     ("post", f"{T}/keys/"), ("post", f"{T}/keys/{{member_key}}/rotate/"),
     ("patch", f"{T}/members/{{billing_membership}}/"),
     ("delete", f"{T}/members/{{billing_membership}}/"), ("post", f"{T}/invitations/"),
+    ("put", f"{T}/content-logging/set/"),  # the tenant's own decision (N9)
 }
 
 
@@ -250,6 +251,31 @@ def test_a_grant_cannot_become_a_lasting_owner(world):
     # What a grant is for still works: reading, and revoking a key.
     assert client.get(f"{T}/keys/").status_code == 200
     assert client.delete(f"{T}/keys/{world.keys['member'].id}/").status_code == 204
+
+
+def test_only_the_tenants_owner_switches_content_logging(world, client):
+    """Review 3, N9: staff turned a tenant's content logging on with PATCH /api/tenants/<t>/
+    and in the admin's tenant form, without the tenant and without an audit row."""
+    from tenants.models import ContentLoggingChange, Tenant
+
+    admin = _client(world, "admin")
+    patched = admin.patch("/api/tenants/acme/", {"content_logging": True}, format="json")
+    assert patched.status_code == 400 and patched.json()["error"]["param"] == "content_logging"
+    client.force_login(world.users["admin"])
+    form = client.get(f"/admin/tenants/tenant/{world.tenant.pk}/change/").content.decode()
+    assert 'name="content_logging"' not in form
+    client.post(f"/admin/tenants/tenant/{world.tenant.pk}/change/", {
+        "name": "acme", "slug": "acme", "status": "active", "region": "local",
+        "content_logging": "on"})
+    granted = _client(world, "granted_owner")
+    assert granted.put(f"{T}/content-logging/set/", {"enabled": True},
+                       format="json").status_code == 403
+    assert Tenant.objects.get(pk=world.tenant.pk).content_logging is False
+    assert not ContentLoggingChange.objects.exists()
+    owner = _client(world, "owner")
+    assert owner.put(f"{T}/content-logging/set/", {"enabled": True},
+                     format="json").status_code == 200
+    assert ContentLoggingChange.objects.get().changed_by == world.users["owner"]
 
 
 def test_a_grant_reaches_its_tenant_only(world):
