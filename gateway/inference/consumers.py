@@ -648,7 +648,9 @@ class Relay:
             pump.cancel()
 
         try:
-            with revocation.watching(self.c.scope, end):
+            principal = getattr(self.c, "principal", None)
+            with revocation.watching(self.c.scope, end,
+                                     getattr(principal, "expires_at", None)):
                 await pump
         except asyncio.CancelledError:
             current = asyncio.current_task()
