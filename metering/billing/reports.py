@@ -8,9 +8,10 @@ Rows are grouped by any of tenant, key and model, and by currency, because amoun
 currencies are never added together; the totals come one row per currency.
 
 ``cost`` stays exact (it reconciles with the records); ``amount`` is what people read and are
-billed: each row's cost rounded by ``money.round_money``, and a total's amount is the sum of
-its rows' amounts. Usage without a price has no amount (``None``) and is flagged "unpriced" in
-every file, never written as a zero.
+billed: a total's amount is its exact cost rounded once (``money.total_amount``), so every
+grouping gives the same total, and the rows' amounts are that total allocated by largest
+remainder (``money.allocate``), so they add up to it. Usage without a price has no amount
+(``None``) and is flagged "unpriced" in every file, never written as a zero.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import IO
 from django.db.models import QuerySet
 
 from metering.billing.cells import safe_row
-from metering.billing.money import UNPRICED, minor_unit, round_money, total_amount
+from metering.billing.money import UNPRICED, allocate, minor_unit, total_amount
 from metering.billing.pricing import PriceBook
 from metering.models import UsageRollup
 from tenants.models import ApiKey, Tenant
@@ -154,8 +155,7 @@ def build_report(
         if progress and done % PROGRESS_EVERY == 0:
             progress(done, total)
     rows = _label(groups, tuple(group_by))
-    for row in rows:
-        row.amount = round_money(row.cost, row.currency) if row.priced else None
+    _allocate_amounts(rows)
     if progress:
         progress(done, total)
     return Report(floor_hour(start), ceil_hour(end), tuple(group_by), rows, _totals(rows))
@@ -181,6 +181,14 @@ def _label(
         if "model" in position:
             row.model = str(ident[position["model"]])
     return sorted(groups.values(), key=lambda r: (r.tenant, r.key, r.model, r.currency))
+
+
+def _allocate_amounts(rows: list[ReportRow]) -> None:
+    """Each currency's rows get amounts adding up to that currency's rounded exact total."""
+    for currency in {r.currency for r in rows if r.priced}:
+        mine = [r for r in rows if r.currency == currency]
+        for row, amount in zip(mine, allocate([r.cost for r in mine], currency), strict=True):
+            row.amount = amount
 
 
 def _totals(rows: list[ReportRow]) -> list[ReportRow]:
