@@ -70,6 +70,7 @@ from infra import clientaddr
 from infra.redis_conn import get_async_redis
 from metering import metrics
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
+from tenants.budgets import end_user_of
 from workers.engine.base import SamplingParams
 from workers.tokenization import load_tokenizer
 
@@ -199,6 +200,10 @@ class ApiConsumer(AsyncHttpConsumer):
             self.finished = not message.get("more_body", message["type"] != "http.response.body")
 
         await cells.forward(self.scope, body, wrong, send)
+
+    def headers_dict(self) -> dict[str, str]:
+        return {k.decode("latin-1").lower(): v.decode("latin-1")
+                for k, v in self.scope.get("headers", ())}
 
     def header(self, name: bytes) -> str | None:
         for key, value in self.scope.get("headers", ()):
@@ -347,6 +352,7 @@ class CompletionConsumer(ApiConsumer):
         self.principal = principal
         data = load_json_object(body)
         req = self.parse_request(data)
+        self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
         resume = sse.parse_resume_id(self.header(b"last-event-id")) if self.resumable else None
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
@@ -393,7 +399,7 @@ class CompletionConsumer(ApiConsumer):
         result = await facade.submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name,
             model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-            stream=req.stream, adapter=pool.adapter,
+            stream=req.stream, adapter=pool.adapter, end_user=getattr(self, "end_user", ""),
         )
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
@@ -756,6 +762,13 @@ def created_of(request_id: str) -> int:
 
 def rejection_error(rejection: facade.Rejection) -> ApiError:
     headers = rejection.headers()
+    if rejection.reason == "insufficient_quota":
+        # A budget: waiting helps only once its period resets (Retry-After says when; none for
+        # a lifetime budget or a key stopped by a hard cap, which an owner must raise).
+        if rejection.retry_after <= 0:
+            headers["x-should-retry"] = "false"
+        return ApiError(429, rejection.message, type="insufficient_quota",
+                        code="insufficient_quota", headers=headers)
     if rejection.too_large:
         # Waiting cannot help: tell the official client not to retry (it honours this header).
         headers["x-should-retry"] = "false"

@@ -45,7 +45,8 @@ UNSUPPORTED = frozenset({
     "reasoning_effort", "web_search_options", "echo", "best_of", "suffix",
 })
 COMMON = frozenset({
-    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "user", "stream",
+    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "user", "safety_identifier",
+    "stream",
     "stream_options", "n", "metadata", "store", "service_tier", "ignore_eos",
     "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
     # vLLM's extensions (the official client sends them with ``extra_body``).

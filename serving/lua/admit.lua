@@ -11,6 +11,9 @@
 -- ARGV[4] max output tokens  ARGV[5] stream (0/1)  ARGV[6] seconds until the token expires
 -- ARGV[7..14] rate per minute, burst for the four buckets (rate 0 = not limited)
 -- ARGV[15..16] concurrency limits, ARGV[17..18] open-stream limits (0 = not limited)
+-- KEYS[11..10+N] budget counters (serving.budgets: one per budget in the request's chain, the
+--   period's label in the key)  ARGV[19] N, then per budget: limit, amount reserved, counter TTL
+--   in seconds (0 = none, a lifetime budget); integers (micro-units of money, or tokens)
 --
 -- Invariants (tests/test_accounting.py tries to break them):
 --   A1  every bucket level stays within [0, burst]: refill is capped at burst and a charge is
@@ -26,6 +29,12 @@
 --       below, which also removes the token first. Buckets are not refunded by the prune:
 --       they refill by themselves, so a lost refund costs the tenant at most one charge's
 --       worth of rate for a minute.
+--   B1  a budget counter never exceeds its limit through admission: each reservation is
+--       checked (used + amount <= limit) and added in this one script, so any number of
+--       gateways racing for the last unit of a budget admit at most what it holds.
+--   B2  a refused request reserves nothing (A2): every budget is checked before any charge.
+--       Settlement gives back the unused part once (release.lua, R1); admit.lua's prune (A5)
+--       never touches budgets, so a lost release over-counts spend, never under-counts it.
 --   C1  a split tenant's bucket holds its cell's share (share_rate, share_burst, written by
 --       cell_share.lua): it replaces the caller's rate and burst, so every gateway of the cell
 --       enforces the share the rebalancer last set, atomically with the charge (docs/adr/0019).
@@ -117,6 +126,17 @@ for i = 1, 4 do
     return reject('too_large', scopes[i] .. ':' .. kinds[i], 0, i)
   end
 end
+-- 1b. Budgets (B1, B2): the reservation must fit under every budget's limit.
+local n_budgets = tonumber(ARGV[19] or '0') or 0
+for b = 1, n_budgets do
+  local limit, amount = tonumber(ARGV[17 + 3 * b]), tonumber(ARGV[18 + 3 * b])
+  local used = tonumber(redis.call('GET', KEYS[10 + b]) or '0')
+  if used + amount > limit then
+    local h = header_values(0, nil)
+    return {0, 'insufficient_quota', tostring(b), '0', h[1], h[2], h[3], h[4], h[5],
+            tostring(used)}
+  end
+end
 -- 2. Concurrency and open streams: a slot frees when some request ends; no rate to compute.
 for j = 1, 2 do
   if conc_limits[j] > 0 and conc[j] + 1 > conc_limits[j] then
@@ -144,6 +164,11 @@ for i = 1, 4 do
     redis.call('HSET', KEYS[2 + i], 'level', string.format('%.6f', levels[i] - amounts[i]),
                'ts', string.format('%.6f', now))
   end
+end
+for b = 1, n_budgets do
+  redis.call('INCRBY', KEYS[10 + b], tonumber(ARGV[18 + 3 * b]))
+  local ttl = tonumber(ARGV[19 + 3 * b])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[10 + b], ttl) end
 end
 local taken = {}
 for j = 1, 2 do

@@ -1,0 +1,145 @@
+"""Budgets reserved in admit.lua and settled exactly (serving.budgets; B1-B3 in the scripts),
+on real Redis, through the async path production uses (``admit_async``, ``settle_async``)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from infra.redis_conn import get_async_redis
+from serving import admission, budgets, settlement
+from serving.admission import AdmissionLimits, Admitted, Reason, Rejected, ScopeLimits
+from tenants.budgets import MICRO, BudgetRule, KeyBudgets, end_user_of, window
+
+T0 = datetime(2026, 12, 31, 23, 59, 0, tzinfo=UTC).timestamp()  # a minute before a new month
+PRICES = budgets.UnitPrices.per_mtok("USD", Decimal("2"), Decimal("0.5"), Decimal("8"))
+LIMITS = AdmissionLimits(tenant=ScopeLimits(), total_deadline_s=60)
+
+
+def rule(level: str, limit_usd: str, period: str = "month", ident: str = "1",
+         metric: str = "money") -> BudgetRule:
+    limit = int(Decimal(limit_usd) * MICRO) if metric == "money" else int(limit_usd)
+    return BudgetRule(1, level, ident, metric, limit, "USD", period)
+
+
+async def admit(rid: str, rules: list[BudgetRule], *, prompt: int = 1000, out: int = 500,
+                now: float = T0) -> Admitted | Rejected:
+    reservation = budgets.reserve(1, rules, PRICES, prompt, out, now)
+    return await admission.admit_async(
+        request_id=rid, tenant_id=1, key_id=11, pool="p", model="m", prompt_tokens=prompt,
+        max_output_tokens=out, stream=True, limits=LIMITS, now=now, budgets=reservation)
+
+
+def spent(r, rules: list[BudgetRule], now: float = T0) -> list[int]:
+    when = datetime.fromtimestamp(now, UTC)
+    return [int(r.get(budgets.counter_key(1, x, window(x.period, when).label)) or 0)
+            for x in rules]
+
+
+def run(coro):  # one loop per test: the async client is per loop
+    return asyncio.run(coro)
+
+
+def test_unit_prices_are_exact_and_round_up():
+    # 1000 prompt at 2/M + 500 out at 8/M = 0.002 + 0.004 = 0.006 USD = 6000 micro
+    assert PRICES.micro_cost(1000, 0, 500) == 6000
+    assert PRICES.micro_cost(1000, 400, 500) == 600 * 2 + 400 // 2 + 4000  # cached at 0.5/M
+    assert PRICES.micro_cost(1, 0, 0) == 2 and PRICES.micro_cost(0, 0, 0) == 0
+    odd = budgets.UnitPrices.per_mtok("USD", Decimal("0.000001"), Decimal(0), Decimal(0))
+    assert odd.micro_cost(1, 0, 0) == 1  # 1e-12 USD rounds up to a micro-unit, never down
+
+
+def test_reserve_then_settle_refunds_to_the_exact_cost(redis_client):
+    rules = [rule("tenant", "1"), rule("key", "0.5", "day", "11"),
+             rule("key", "100000", "lifetime", "11", metric="tokens")]
+
+    async def go():
+        assert isinstance(await admit("r1", rules), Admitted)
+        assert spent(redis_client, rules) == [6000, 6000, 1500]
+        assert await settlement.settle_async("p", "r1", status="ok", prompt_tokens=1000,
+                                             cached_tokens=400, output_tokens=120, now=T0 + 5)
+        cost = PRICES.micro_cost(1000, 400, 120)
+        assert spent(redis_client, rules) == [cost, cost, 1120]
+        # Exactly once: a second settle (the janitor, a retry) changes nothing.
+        assert not await settlement.settle_async("p", "r1", status="ok", output_tokens=0)
+        assert spent(redis_client, rules) == [cost, cost, 1120]
+        await get_async_redis().aclose()
+    run(go())
+
+
+def test_a_request_that_would_cross_a_budget_is_refused_and_charged_nothing(redis_client):
+    rules = [rule("tenant", "1"), rule("key", "0.010", "day", "11")]
+
+    async def go():
+        assert isinstance(await admit("a", rules), Admitted)  # 0.006 of 0.010
+        before = spent(redis_client, rules)
+        refused = await admit("b", rules)
+        assert isinstance(refused, Rejected) and refused.reason == Reason.INSUFFICIENT_QUOTA
+        assert refused.scope == "2" and refused.budget_used == 6000
+        assert refused.retry_after == 61  # the day (UTC) ends in 60 s
+        assert spent(redis_client, rules) == before  # nothing charged anywhere (B2)
+        assert int(redis_client.get(admission.counter_key("conc", 1)) or 0) == 1
+        # A smaller request still fits: the reservation is what is compared.
+        assert isinstance(await admit("c", rules, prompt=1000, out=100), Admitted)
+        await get_async_redis().aclose()
+    run(go())
+
+
+def test_cancel_while_queued_refunds_everything_and_failure_refunds_unused(redis_client):
+    rules = [rule("tenant", "1")]
+
+    async def go():
+        await admit("q", rules)
+        await settlement.settle_async("p", "q", status="cancelled", prompt_tokens=0,
+                                      output_tokens=0)
+        assert spent(redis_client, rules) == [0]
+        await admit("f", rules)  # a worker died after 7 delivered tokens: the janitor's bill
+        await settlement.settle_async("p", "f", status="error", now=T0 + 1)
+        assert spent(redis_client, rules) == [PRICES.micro_cost(1000, 0, 0)]
+        await get_async_redis().aclose()
+    run(go())
+
+
+def test_the_period_is_fixed_at_admission(redis_client):
+    rules = [rule("tenant", "1", "month")]
+
+    async def go():
+        await admit("late", rules)  # admitted at 23:59 on 31 December
+        await settlement.settle_async("p", "late", status="ok", prompt_tokens=1000,
+                                      output_tokens=500, now=T0 + 120)  # settles in January
+        january = T0 + 120
+        assert spent(redis_client, rules) == [6000]  # December's counter holds its cost
+        assert spent(redis_client, rules, january) == [0]  # January starts empty
+        ttl = redis_client.ttl(budgets.counter_key(1, rules[0], "m202612"))
+        assert 0 < ttl <= 60 + 1 + budgets.COUNTER_GRACE_S
+        await get_async_redis().aclose()
+    run(go())
+
+
+def test_duplicate_id_unwinds_the_budget_reservation(redis_client):
+    rules = [rule("tenant", "1")]
+
+    async def go():
+        await admit("d", rules)
+        await settlement.settle_async("p", "d", status="ok", prompt_tokens=1000,
+                                      output_tokens=0, now=T0)
+        redis_client.delete(admission.token_keys(1)[0])  # the token is gone; req:d remains
+        again = await admit("d", rules)
+        assert isinstance(again, Rejected) and again.reason == Reason.DUPLICATE
+        assert spent(redis_client, rules) == [2000]  # only the settled cost
+        await get_async_redis().aclose()
+    run(go())
+
+
+def test_end_user_rules_and_identification():
+    default = rule("end_user", "1", ident="")
+    special = rule("end_user", "5", ident="alice")
+    chain = KeyBudgets((rule("tenant", "10"),), (default,), {"alice": (special,)})
+    assert chain.rules("") == chain.chain
+    assert chain.rules("bob") == (*chain.chain, default)
+    assert chain.rules("alice") == (*chain.chain, special)
+    assert end_user_of({"user": "u1"}, {}) == "u1"
+    assert end_user_of({"user": "u1", "safety_identifier": "s1"}, {}) == "s1"
+    assert end_user_of({"user": "u1"}, {"x-end-user": "h1"}, "X-End-User") == "h1"
+    assert end_user_of({"user": 5}, {}) == ""
