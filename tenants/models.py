@@ -368,6 +368,22 @@ class ApiKey(models.Model):
             return False
         return self.expires_at is None or self.expires_at > now
 
+    def state(self, now: datetime | None = None) -> str:
+        """What the portal, admin and API call it: revoked, expired, over budget or active."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if not self.is_usable(now):
+            return "expired"
+        return "over budget" if self.over_budget_at is not None else "active"
+
+    def resume(self) -> bool:
+        """Lift a spend alert's hard cap (the owner raised it or accepts the spend)."""
+        if self.over_budget_at is None:
+            return False
+        self.over_budget_at = None
+        self.save(update_fields=["over_budget_at"])  # the save signal renews every principal
+        return True
+
 
 class Membership(models.Model):
     class Role(models.TextChoices):

@@ -49,13 +49,20 @@ class ApiKeySerializer(serializers.ModelSerializer):
         many=True, slug_field="name", queryset=ServedModel.objects.all(), required=False
     )
     created_by = serializers.StringRelatedField(allow_null=True)  # None: made by a token
+    state = serializers.SerializerMethodField(
+        help_text="active, over budget (a spend alert's hard cap: 429 insufficient_quota until "
+                  "an owner resumes it), expired or revoked.")
 
     class Meta:
         model = ApiKey
         fields = ["id", "name", "prefix", "last_four", "allowed_models", *LIMIT_FIELDS,
-                  "created_by", "created_at", "expires_at", "revoked_at", "last_used_at"]
+                  "created_by", "created_at", "expires_at", "revoked_at", "last_used_at",
+                  "over_budget_at", "state"]
         read_only_fields = ["id", "prefix", "last_four", "created_by", "created_at",
-                            "revoked_at", "last_used_at"]
+                            "revoked_at", "last_used_at", "over_budget_at"]
+
+    def get_state(self, key: ApiKey) -> str:
+        return key.state()
 
     def validate_allowed_models(self, value: list[ServedModel]) -> list[ServedModel]:
         usable = set(models_for(self.context["tenant"]))

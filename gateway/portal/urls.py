@@ -40,6 +40,7 @@ urlpatterns = [
     path("keys/new/done/", keys.key_created, name="key_created"),
     path("keys/<int:pk>/revoke/", keys.key_revoke, name="key_revoke"),
     path("keys/<int:pk>/rotate/", keys.key_rotate, name="key_rotate"),
+    path("keys/<int:pk>/resume/", keys.key_resume, name="key_resume"),
     path("usage/", usage.usage_page, name="usage"),
     path("quotas/", usage.quotas_page, name="quotas"),
     path("content-logging/", content_logging.content_logging_page, name="content_logging"),

@@ -87,3 +87,14 @@ def key_rotate(request: TenantRequest, pk: int) -> HttpResponse:
         return secret_redirect(request, "portal:key_created",
                                {"key_id": new.pk, "plaintext": plaintext, "rotated_id": old.pk})
     return page(request, "portal/key_rotate.html", {"key": old, "form": form})
+
+
+@tenant_view("keys")
+def key_resume(request: TenantRequest, pk: int) -> HttpResponse:
+    """POST: lift a spend alert's hard cap from a key that is over budget (owners only)."""
+    key = get_object_or_404(visible_keys(request), pk=pk)
+    if request.method != "POST" or not roles.can(request.role, "all_keys"):
+        return HttpResponse("Only an owner resumes a key that is over budget.", status=403)
+    if key.resume():
+        messages.success(request, f"{key.name} is resumed: its requests are admitted again.")
+    return redirect("portal:keys")
