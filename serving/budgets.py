@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from infra.redis_conn import tenant_key
-from tenants.budgets import MICRO, BudgetRule, Window, from_units, window
+from tenants.budgets import MICRO, BudgetRule, Window, counter_key, from_units, window
 
 PICO_PER_MICRO = 1_000_000
 # A counter outlives its period by this much, so a request admitted just before the boundary
@@ -91,12 +90,6 @@ class Reservation:
 
 
 NONE = Reservation((), None)
-
-
-def counter_key(tenant_id: object, rule: BudgetRule, label: str) -> str:
-    """A budget's spend in one period, on the tenant's slot (admitted with its buckets)."""
-    return tenant_key("budget", tenant_id, rule.level, rule.ident, rule.metric, rule.period,
-                      label)
 
 
 def reserve(tenant_id: object, rules: Sequence[BudgetRule], prices: UnitPrices | None,

@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
+from infra.redis_conn import tenant_key
+
 MICRO = 1_000_000  # budget counters hold money in micro-units: 1 USD = 1,000,000
 END_USER_MAX = 256  # characters of an end-user id (OpenAI's `user` / `safety_identifier`)
 
@@ -78,6 +80,12 @@ def window(period: str, now: datetime) -> Window:
         end = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
         return Window(f"m{start:%Y%m}", start, end)
     return Window("life", None, None)
+
+
+def counter_key(tenant_id: object, rule: BudgetRule, label: str) -> str:
+    """A budget's spend in one period, on the tenant's slot (admitted with its buckets)."""
+    return tenant_key("budget", tenant_id, rule.level, rule.ident, rule.metric, rule.period,
+                      label)
 
 
 # -- loading ----------------------------------------------------------------------------------
