@@ -148,10 +148,17 @@ class AdmissionLimits:
 
 @dataclass(frozen=True)
 class RateLimitInfo:
-    """Values for OpenAI's ``x-ratelimit-*`` headers.
+    """Values for OpenAI's ``x-ratelimit-*`` headers, stating the reservation rule.
 
     "requests" are concurrent requests (the tightest of tenant and key); "tokens" is the emptiest
-    token bucket. ``-1`` means not limited.
+    token bucket. ``-1`` means not limited. A request reserves its whole possible size before it
+    runs: ``prompt`` tokens from the input buckets and ``n x max_tokens`` from the output ones.
+    So ``remaining_tokens`` is the bucket's level *after* this request's reservation when it
+    was admitted (the unused part comes back when it ends), and the level now when it was
+    refused; ``reserved_tokens`` (``x-ratelimit-reserved-tokens``) is what this request takes
+    from that bucket. A client paces itself by sending while its next request's reservation
+    (prompt + n x max_tokens) is at most ``remaining_tokens``: a refusal always has
+    ``reserved_tokens > remaining_tokens``.
     """
 
     limit_requests: int
@@ -159,6 +166,7 @@ class RateLimitInfo:
     limit_tokens: int
     remaining_tokens: int
     reset_tokens_s: float
+    reserved_tokens: int = -1
 
     def headers(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -170,6 +178,8 @@ class RateLimitInfo:
             out["x-ratelimit-limit-tokens"] = str(self.limit_tokens)
             out["x-ratelimit-remaining-tokens"] = str(self.remaining_tokens)
             out["x-ratelimit-reset-tokens"] = f"{round(self.reset_tokens_s, 3):g}s"
+            if self.reserved_tokens >= 0:
+                out["x-ratelimit-reserved-tokens"] = str(self.reserved_tokens)
         return out
 
 
@@ -254,12 +264,13 @@ def _admit_call(
 def _parse_admit(request_id: str, raw: list[Any], budgets: Reservation = NONE
                  ) -> Admitted | Rejected:
     ok, reason, scope, retry, lreq, rreq, ltok, rtok, reset, *rest = (text(v) for v in raw)
-    info = RateLimitInfo(int(lreq), int(rreq), int(ltok), int(rtok), float(reset))
+    info = RateLimitInfo(int(lreq), int(rreq), int(ltok), int(rtok), float(reset),
+                         int(rest[0]) if rest else -1)
     if ok == "1":
         return Admitted(request_id, info)
     if reason == Reason.INSUFFICIENT_QUOTA:  # wait until the refusing budget's period ends
         charge = budgets.charges[int(scope) - 1]
-        return Rejected(request_id, reason, scope, charge.reset_s, info, int(rest[0]))
+        return Rejected(request_id, reason, scope, charge.reset_s, info, int(rest[1]))
     return Rejected(request_id, reason, scope, int(retry), info)
 
 

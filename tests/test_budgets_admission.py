@@ -143,3 +143,29 @@ def test_end_user_rules_and_identification():
     assert end_user_of({"user": "u1", "safety_identifier": "s1"}, {}) == "s1"
     assert end_user_of({"user": "u1"}, {"x-end-user": "h1"}, "X-End-User") == "h1"
     assert end_user_of({"user": 5}, {}) == ""
+
+
+def test_rate_limit_headers_state_the_reservation_rule(redis_client):
+    """x-ratelimit-remaining-tokens is what is left after the reservation; a refusal always
+    reserves more than remains (the issue saw 429s beside remaining 154-180, unexplained)."""
+    tight = AdmissionLimits(tenant=ScopeLimits(input_tpm=10_000, output_tpm=300),
+                            total_deadline_s=60)
+
+    async def one(rid: str):
+        return await admission.admit_async(
+            request_id=rid, tenant_id=1, key_id=11, pool="p", model="m", prompt_tokens=10,
+            max_output_tokens=200, stream=False, limits=tight, now=T0)
+
+    async def go():
+        first = await one("h1")
+        assert isinstance(first, Admitted)
+        headers = first.rate_limit.headers()
+        assert headers["x-ratelimit-remaining-tokens"] == "100"  # 300 - 200 reserved
+        assert headers["x-ratelimit-reserved-tokens"] == "200"
+        second = await one("h2")
+        assert isinstance(second, Rejected) and second.reason == Reason.OUTPUT_TOKENS
+        h = second.headers()
+        assert int(h["x-ratelimit-reserved-tokens"]) > int(h["x-ratelimit-remaining-tokens"])
+        assert (h["x-ratelimit-remaining-tokens"], h["retry-after"]) == ("100", "20")
+        await get_async_redis().aclose()
+    run(go())

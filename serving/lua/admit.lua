@@ -35,6 +35,10 @@
 --   B2  a refused request reserves nothing (A2): every budget is checked before any charge.
 --       Settlement gives back the unused part once (release.lua, R1); admit.lua's prune (A5)
 --       never touches budgets, so a lost release over-counts spend, never under-counts it.
+--   H1  the headers state the reservation rule: x-ratelimit-remaining-tokens is the reported
+--       bucket's level after this request's reservation (admitted) or now (refused), and
+--       x-ratelimit-reserved-tokens what this request takes from it; a request is refused by
+--       that bucket exactly when reserved > remaining (serving.admission.RateLimitInfo).
 --   C1  a split tenant's bucket holds its cell's share (share_rate, share_burst, written by
 --       cell_share.lua): it replaces the caller's rate and burst, so every gateway of the cell
 --       enforces the share the rebalancer last set, atomically with the charge (docs/adr/0019).
@@ -108,16 +112,21 @@ local function header_values(charged, failing)
       end
     end
   end
-  if not pick then return {tostring(req_limit), tostring(math.max(req_rem, 0)), '-1', '-1', '0'} end
+  if not pick then
+    return {tostring(req_limit), tostring(math.max(req_rem, 0)), '-1', '-1', '0', '-1'}
+  end
   local left = levels[pick] - charged * amounts[pick]
   local reset = (bursts[pick] - left) * 60 / rates[pick]
+  -- The 6th value is what this request reserves from the reported bucket (the reservation
+  -- rule: prompt, or n x max_tokens): refused whenever it exceeds the remaining (H1).
   return {tostring(req_limit), tostring(math.max(req_rem, 0)), tostring(rates[pick]),
-          tostring(math.floor(math.max(left, 0))), string.format('%.3f', reset)}
+          tostring(math.floor(math.max(left, 0))), string.format('%.3f', reset),
+          tostring(amounts[pick])}
 end
 
 local function reject(reason, scope, retry_after, failing)
   local h = header_values(0, failing)
-  return {0, reason, scope, tostring(retry_after), h[1], h[2], h[3], h[4], h[5]}
+  return {0, reason, scope, tostring(retry_after), h[1], h[2], h[3], h[4], h[5], h[6]}
 end
 
 -- 1. A request bigger than a bucket can ever hold never fits: a distinct answer, no retry time.
@@ -133,7 +142,7 @@ for b = 1, n_budgets do
   local used = tonumber(redis.call('GET', KEYS[10 + b]) or '0')
   if used + amount > limit then
     local h = header_values(0, nil)
-    return {0, 'insufficient_quota', tostring(b), '0', h[1], h[2], h[3], h[4], h[5],
+    return {0, 'insufficient_quota', tostring(b), '0', h[1], h[2], h[3], h[4], h[5], h[6],
             tostring(used)}
   end
 end
@@ -181,4 +190,5 @@ for j = 1, 2 do
 end
 redis.call('ZADD', KEYS[1], string.format('%.3f', now + tonumber(ARGV[6])), ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], table.concat(taken, ' '))
-return {1, 'ok', '', '0', headers[1], headers[2], headers[3], headers[4], headers[5]}
+return {1, 'ok', '', '0', headers[1], headers[2], headers[3], headers[4], headers[5],
+        headers[6]}
