@@ -7,6 +7,8 @@ import asyncio
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import pytest
+
 from infra.redis_conn import get_async_redis
 from serving import admission, budgets, settlement
 from serving.admission import AdmissionLimits, Admitted, Reason, Rejected, ScopeLimits
@@ -169,3 +171,40 @@ def test_rate_limit_headers_state_the_reservation_rule(redis_client):
         assert (h["x-ratelimit-remaining-tokens"], h["retry-after"]) == ("100", "20")
         await get_async_redis().aclose()
     run(go())
+
+
+def test_a_price_change_during_a_period_applies_to_requests_admitted_after_it(redis_client):
+    """A request settles at the price it was admitted at, even if a new price starts while it
+    runs; the next request reserves and settles at the new price, in the same counter."""
+    rules = [rule("tenant", "1")]
+    dearer = budgets.UnitPrices.per_mtok("USD", Decimal("4"), Decimal("1"), Decimal("16"))
+
+    async def go():
+        await admit("old", rules)  # at 2/8 per million
+        reservation = budgets.reserve(1, rules, dearer, 1000, 500, T0 + 10)
+        assert await admission.admit_async(
+            request_id="new", tenant_id=1, key_id=11, pool="p", model="m", prompt_tokens=1000,
+            max_output_tokens=500, stream=True, limits=LIMITS, now=T0 + 10,
+            budgets=reservation)
+        for rid in ("old", "new"):
+            await settlement.settle_async("p", rid, status="ok", prompt_tokens=1000,
+                                          output_tokens=100, now=T0 + 20)
+        assert spent(redis_client, rules) == [PRICES.micro_cost(1000, 0, 100)
+                                              + dearer.micro_cost(1000, 0, 100)]
+        await get_async_redis().aclose()
+    run(go())
+
+
+@pytest.mark.django_db(transaction=True)  # the lookup runs in a thread, on its own connection
+def test_the_gateway_reads_the_price_in_effect_at_admission():
+    from gateway.inference import prices
+    from tests.worlds import price
+
+    prices.forget()
+    now = datetime(2026, 12, 15, 12, tzinfo=UTC)
+    price("sim-p", now.replace(hour=0), "2", "0.5", "8")
+    price("sim-p", now.replace(hour=13), "4", "1", "16")  # made ahead, starts at 13:00
+    before = asyncio.run(prices.unit_prices("sim-p", now.timestamp()))
+    after = asyncio.run(prices.unit_prices("sim-p", now.timestamp() + 3600))
+    assert before == PRICES and after is not None and after.output == 16 * 10**6
+    assert asyncio.run(prices.unit_prices("unpriced", now.timestamp())) is None
