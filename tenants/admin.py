@@ -39,6 +39,7 @@ from tenants.models import (
     ApiKeyQuerySet,
     Membership,
     Pool,
+    Project,
     Quota,
     ServedModel,
     Tenant,
@@ -482,6 +483,19 @@ class MembershipAdmin(admin.ModelAdmin):
     search_fields = ["user__username", "user__email", "tenant__slug", "tenant__name"]
     list_select_related = ["user", "tenant"]
     autocomplete_fields = ["user", "tenant"]
+
+
+
+
+# --- projects and budgets (docs/adr/0021) ------------------------------------------------------
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "tenant", "created_at"]
+    list_filter = ["tenant"]
+    search_fields = ["name", "slug", "tenant__slug"]
+    autocomplete_fields = ["tenant"]
+    filter_horizontal = ["allowed_models"]
 
 
 # Identity providers and client-certificate bindings, and who may act in a tenant (grants,

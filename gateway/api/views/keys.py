@@ -69,7 +69,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
     def resume(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Lift a spend alert's hard cap from a key that is over budget (owners only)."""
         key = self.get_object()
-        if not roles.can(self.role, "all_keys"):
+        if not roles.can(self.role, "manage_budgets"):
             raise PermissionDenied("Only an owner resumes a key that is over budget.")
         key.resume()
         return Response(s.ApiKeySerializer(key, context=self.get_serializer_context()).data)

@@ -1,0 +1,78 @@
+"""The management API for projects and budgets: validation that names the field, this
+period's spend and projection, keys in projects, and the OpenAPI description."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from tenants.auth import authenticate, clear_cache
+from tenants.budgets import counter_key, rule_of, window
+from tenants.models import ApiKey, Budget
+from tests.factories import bearer
+from tests.worlds import build_world
+
+pytestmark = pytest.mark.django_db
+T = "/api/tenants/acme"
+
+
+@pytest.fixture
+def world(redis_client):
+    clear_cache()
+    return build_world()
+
+
+def api(world, who="owner"):
+    client = APIClient()
+    client.force_login(world.users[who])
+    return client
+
+
+def test_budgets_validate_and_report_spend(world, redis_client):
+    client = api(world)
+    bad = client.post(f"{T}/budgets/", {"level": "project", "limit": "5"}, format="json")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "project"
+    other_key = world.keys["other"].id
+    foreign = client.post(f"{T}/budgets/", {"level": "key", "api_key": other_key,
+                                            "limit": "5"}, format="json")
+    assert foreign.status_code == 400
+    made = client.post(f"{T}/budgets/", {"level": "key", "api_key": world.keys["member"].id,
+                                         "limit": "4", "period": "day"}, format="json")
+    assert made.status_code == 201, made.content
+    budget = Budget.objects.get(pk=made.json()["id"])
+    rule = rule_of(budget)
+    redis_client.set(counter_key(world.tenant.id, rule,
+                                 window("day", timezone.now()).label), 1_000_000)
+    body = client.get(f"{T}/budgets/{budget.pk}/").json()
+    assert body["spent"] == "1" and body["percent"] == 25.0 and body["resets_at"]
+    assert float(body["projected"]) >= 1.0
+    again = client.post(f"{T}/budgets/", {"level": "key", "api_key": world.keys["member"].id,
+                                          "limit": "9", "period": "day"}, format="json")
+    assert again.status_code == 400  # one budget per scope, metric and period
+    # The key's principal now carries the budget (the save renewed every cached principal).
+    [held] = authenticate(bearer(world.plaintexts["member"])).budgets.chain
+    assert held.limit == 4_000_000 and held.period == "day"
+
+
+def test_projects_group_keys_and_narrow_models(world):
+    client = api(world)
+    project = client.post(f"{T}/projects/", {"name": "Staging", "slug": "staging",
+                                             "allowed_models": ["sim-small"]}, format="json")
+    assert project.status_code == 201, project.content
+    pid = project.json()["id"]
+    key = client.post(f"{T}/keys/", {"name": "ci", "project": pid}, format="json").json()
+    assert key["project"] == pid and key["state"] == "active"
+    principal = authenticate(bearer(key["key"]))
+    assert principal.project_id == pid and principal.allows_model("sim-small")
+    assert not principal.allows_model("sim-large")
+    assert ApiKey.objects.get(pk=key["id"]).project_id == pid
+    dup = client.post(f"{T}/projects/", {"name": "x", "slug": "staging"}, format="json")
+    assert dup.status_code == 400 and dup.json()["error"]["param"] == "slug"
+
+
+def test_budgets_and_projects_are_in_the_openapi_description(world):
+    paths = api(world).get("/api/schema/?format=json").json()["paths"]
+    for path in ("/api/tenants/{tenant}/budgets/", "/api/tenants/{tenant}/projects/",
+                 "/api/tenants/{tenant}/keys/{id}/resume/"):
+        assert path in paths, sorted(p for p in paths if "tenants/{tenant}" in p)
