@@ -74,3 +74,22 @@ def test_statement_api_dashboard_and_admin_show_the_same_total(three_keys, clien
     assert keys_page.count("0.01 USD") == 1 and keys_page.count("0.00 USD") == 2
     usage_page = client.get(reverse("portal:usage")).content.decode()
     assert "0.01 USD" in usage_page and "0.00 USD" not in usage_page
+
+
+def test_reports_group_by_project_and_reconcile(three_keys):
+    from tenants.models import Project
+
+    world, now = three_keys
+    web = Project.objects.create(tenant=world.tenant, name="web", slug="web")
+    world.keys["owner"].project = web
+    world.keys["owner"].save()
+    start, end = reports.month_range(now.year, now.month, now.tzinfo)
+    report = reports.build_report(start, end, tenant=world.tenant, group_by=("project",))
+    assert [(r.project, r.requests, r.cost) for r in report.rows] == [
+        ("(no project)", 2, Decimal("0.008")), ("web", 1, Decimal("0.004"))]
+    assert sum(r.amount for r in report.rows) == report.totals[0].amount == Decimal("0.01")
+    api = APIClient()
+    api.force_login(world.users["billing"])
+    body = api.get(f"/api/tenants/acme/reports/?start={now.date().isoformat()}"
+                   "&group_by=project,model").json()
+    assert {r["project"] for r in body["rows"]} == {"(no project)", "web"}

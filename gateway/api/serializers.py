@@ -163,6 +163,7 @@ class UsageRollupSerializer(serializers.ModelSerializer):
 
 class ReportRowSerializer(serializers.Serializer):
     tenant = serializers.CharField()
+    project = serializers.CharField()
     key = serializers.CharField()
     model = serializers.CharField()
     currency = serializers.CharField()

@@ -12,7 +12,7 @@ from django.core.validators import MaxValueValidator
 from django.utils import timezone
 
 from metering.billing.models import SpendAlert
-from metering.billing.reports import GROUPS
+from metering.billing.reports import DEFAULT_GROUPS, GROUPS
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
 from tenants.models import LIMIT_FIELDS, ApiKey, Membership, ServedModel, Tenant
@@ -81,7 +81,7 @@ class ReportForm(forms.Form):
     start = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     end = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     group_by = forms.MultipleChoiceField(
-        choices=[(g, g) for g in GROUPS], initial=list(GROUPS), required=False,
+        choices=[(g, g) for g in GROUPS], initial=list(DEFAULT_GROUPS), required=False,
         widget=forms.CheckboxSelectMultiple,
     )
     format = forms.ChoiceField(choices=[("csv", "CSV"), ("xlsx", "Excel (XLSX)")])
