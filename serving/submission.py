@@ -224,6 +224,7 @@ async def submit(
     stream: bool, request_id: str | None = None, cache_salt: str | None = None,
     priority: int = 0, now: float | None = None, adapter: str | None = None,
     budget_rules: Sequence[budgets.BudgetRule] = (), prices: budgets.UnitPrices | None = None,
+    end_user: str = "",
 ) -> Submission | Rejection:
     """Admit and enqueue one tokenized request (see the module docstring).
 
@@ -249,7 +250,7 @@ async def submit(
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
                "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
-               "adapter": adapter or ""},
+               "adapter": adapter or "", "eu": end_user},
         budgets=reservation,
     )
     if not isinstance(result, Admitted):

@@ -4,6 +4,7 @@ on real Redis, through the async path production uses (``admit_async``, ``settle
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -208,3 +209,26 @@ def test_the_gateway_reads_the_price_in_effect_at_admission():
     after = asyncio.run(prices.unit_prices("sim-p", now.timestamp() + 3600))
     assert before == PRICES and after is not None and after.output == 16 * 10**6
     assert asyncio.run(prices.unit_prices("unpriced", now.timestamp())) is None
+
+
+def test_the_usage_record_names_the_end_user(redis_client):
+    """End users are metered per request (an identifier, never content, I4)."""
+    from metering.writer import record_from_json
+    from serving.submission import submit
+    from tests import rkeys
+    from workers.engine.base import SamplingParams
+
+    async def go():
+        result = await submit(tenant_id=1, key_id=11, weight=1.0, model="m", pool="p",
+                              prompt_token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=2),
+                              limits=LIMITS, stream=False, request_id="eu-1", end_user="alice")
+        await result.cancel("client_disconnect")
+        await get_async_redis().aclose()
+    procs_arun(go())
+    [raw] = rkeys.usage_raw(redis_client)
+    assert record_from_json(json.loads(raw)).end_user == "alice"
+
+
+def procs_arun(coro):
+    from tests.procs import arun
+    return arun(coro)

@@ -76,3 +76,14 @@ def test_budgets_and_projects_are_in_the_openapi_description(world):
     for path in ("/api/tenants/{tenant}/budgets/", "/api/tenants/{tenant}/projects/",
                  "/api/tenants/{tenant}/keys/{id}/resume/"):
         assert path in paths, sorted(p for p in paths if "tenants/{tenant}" in p)
+
+
+def test_usage_filters_by_end_user(world):
+    from tests.worlds import record
+
+    for who in ("alice", "bob", "alice"):
+        r = record(world.tenant, world.keys["owner"], "sim-small", timezone.now())
+        r.end_user = who
+        r.save()
+    body = api(world).get(f"{T}/usage/?end_user=alice").json()
+    assert [r["end_user"] for r in body["results"]] == ["alice", "alice"]

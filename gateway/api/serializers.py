@@ -151,7 +151,8 @@ class UsageRecordSerializer(serializers.ModelSerializer):
         model = UsageRecord
         fields = ["request_id", "api_key", "model_name", "pool_name", "prompt_tokens",
                   "cached_tokens", "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms",
-                  "status", "finish_reason", "error_code", "stream", "started_at", "finished_at"]
+                  "status", "finish_reason", "error_code", "stream", "end_user", "started_at",
+                  "finished_at"]
 
 
 class UsageRollupSerializer(serializers.ModelSerializer):

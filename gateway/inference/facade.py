@@ -66,7 +66,7 @@ async def submit_request(
         tenant_id=principal.tenant_id, key_id=principal.key_id, weight=principal.tenant_weight,
         model=model, pool=pool, prompt_token_ids=prompt_token_ids, sampling=sampling,
         limits=limits, stream=stream, request_id=request_id, cache_salt=principal.cache_salt,
-        adapter=adapter, budget_rules=rules, prices=prices,
+        adapter=adapter, budget_rules=rules, prices=prices, end_user=end_user,
     )
 
 

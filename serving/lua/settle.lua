@@ -66,6 +66,7 @@ local record = {
   finish_reason = ARGV[4] ~= '' and ARGV[4] or cjson.null,
   error_code = ARGV[8] ~= '' and ARGV[8] or cjson.null,
   stream = h.stream == '1',
+  end_user = h.eu or '',
   admitted_at_ms = admitted,
   dispatched_at_ms = dispatched or cjson.null,
   first_token_at_ms = first or cjson.null,
