@@ -52,6 +52,7 @@ ENDPOINTS = [
     ("post", f"{T}/budgets/", {"level": "tenant", "metric": "tokens", "limit": "1000000",
                                "period": "day"}, 201, 403, 403, 404, 404, 404),
     ("get", f"{T}/budgets/{{budget}}/", None, 200, 403, 200, 404, 404, 404),
+    ("get", f"{T}/budgets/export/", None, 200, 403, 200, 404, 404, 404),
     ("patch", f"{T}/budgets/{{budget}}/", {"limit": "20"}, 200, 403, 403, 404, 404, 404),
     ("delete", f"{T}/budgets/{{budget}}/", None, 204, 403, 403, 404, 404, 404),
     ("get", f"{T}/members/", None, 200, 403, 403, 404, 404, 404),

@@ -87,3 +87,20 @@ def test_usage_filters_by_end_user(world):
         r.save()
     body = api(world).get(f"{T}/usage/?end_user=alice").json()
     assert [r["end_user"] for r in body["results"]] == ["alice", "alice"]
+
+
+def test_finance_export_has_budget_against_actual_per_level(world, redis_client):
+    tenant_budget = Budget.objects.create(tenant=world.tenant, level="tenant", limit=10)
+    Budget.objects.create(tenant=world.tenant, level="end_user", end_user="=cmd|' /C calc'!A0",
+                          metric="tokens", limit=5000, period="day")
+    rule = rule_of(tenant_budget)
+    redis_client.set(counter_key(world.tenant.id, rule,
+                                 window("month", timezone.now()).label), 2_500_000)
+    response = api(world, "billing").get(f"{T}/budgets/export/")
+    assert response.status_code == 200 and response["Content-Type"] == "text/csv"
+    lines = response.content.decode().lstrip("\ufeff").splitlines()
+    assert lines[0] == "level,scope,metric,period,limit,actual,percent,projected,currency," \
+                       "resets_at"
+    assert lines[1].startswith("end_user,end user =cmd")  # the cell starts with text
+    assert lines[1].split(",")[7] == "0"  # tokens projected in whole tokens
+    assert lines[2].startswith("tenant,tenant,money,month,10,2.5,25.0,")

@@ -6,10 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import HttpResponse
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
 
 from gateway.api import serializers as s
 from gateway.api.views.base import TenantScoped
+from metering.billing import budget_export
 from tenants.models import Budget, Project
 
 
@@ -44,3 +51,13 @@ class BudgetViewSet(viewsets.ModelViewSet, TenantScoped):
 
     def perform_create(self, serializer: Any) -> None:
         serializer.save(tenant=self.tenant)
+
+    @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR})
+    @action(detail=False, methods=["get"])
+    def export(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponse:
+        """Budget against actual per level, as CSV (finance)."""
+        response = HttpResponse(budget_export.csv_text(self.tenant, timezone.now()),
+                                content_type="text/csv")
+        response["Content-Disposition"] = (
+            f'attachment; filename="budgets-{self.tenant.slug}.csv"')
+        return response
