@@ -40,7 +40,7 @@ class Project(models.Model):
                                                name="one_project_slug_per_tenant")]
 
     def __str__(self) -> str:
-        return f"{self.tenant.slug}/{self.slug}"
+        return self.name
 
 
 class Budget(models.Model):

@@ -70,3 +70,16 @@ def test_a_key_over_budget_reads_so_and_an_owner_resumes_it(client, world):
     assert "over-budget" in owner.get(reverse("portal:budgets")).content.decode()
     assert owner.post(reverse("portal:key_resume", args=[key.pk])).status_code == 302
     assert ApiKey.objects.get(pk=key.pk).state() == "active"
+
+
+def test_keys_are_made_in_projects_and_listed_with_them(client, world):
+    from tenants.models import Project
+
+    web = Project.objects.create(tenant=world.tenant, name="webshop", slug="web")
+    Project.objects.create(tenant=world.other, name="theirs", slug="theirs")
+    owner = signed_in(client, world, "owner")
+    form_page = owner.get(reverse("portal:key_create")).content.decode()
+    assert "webshop" in form_page and "theirs" not in form_page
+    owner.post(reverse("portal:key_create"), {"name": "shop key", "project": web.pk})
+    assert ApiKey.objects.get(name="shop key").project == web
+    assert "· webshop" in owner.get(reverse("portal:keys")).content.decode()

@@ -15,7 +15,7 @@ from metering.billing.models import SpendAlert
 from metering.billing.reports import DEFAULT_GROUPS, GROUPS
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, ServedModel, Tenant
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Project, ServedModel, Tenant
 
 GRACE_CHOICES = [
     (0, "Immediately"), (3600, "1 hour"), (86400, "24 hours"), (7 * 86400, "7 days"),
@@ -33,6 +33,10 @@ class KeyForm(forms.Form):
         required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
         help_text="Empty = never expires (UTC).",
     )
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.none(), required=False,
+        help_text="Its project's allowed models and budgets apply to the key too.",
+    )
     input_tpm = forms.IntegerField(required=False, min_value=1, label="Input tokens / minute")
     output_tpm = forms.IntegerField(required=False, min_value=1, label="Output tokens / minute")
     concurrent_requests = forms.IntegerField(required=False, min_value=1)
@@ -43,6 +47,7 @@ class KeyForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.tenant = tenant
         self.fields["allowed_models"].queryset = models_for(tenant)
+        self.fields["project"].queryset = Project.objects.filter(tenant=tenant)  # type: ignore[attr-defined]
 
     def clean_expires_at(self) -> datetime | None:
         value = self.cleaned_data.get("expires_at")

@@ -28,7 +28,8 @@ def visible_keys(request: TenantRequest) -> QuerySet[ApiKey]:
 
 @tenant_view("keys")
 def key_list(request: TenantRequest) -> HttpResponse:
-    keys = list(visible_keys(request).prefetch_related("allowed_models"))
+    keys = list(visible_keys(request).prefetch_related("allowed_models")
+                .select_related("project"))
     now = timezone.now()
     month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     usage = per_key(request.tenant, month, now + timedelta(hours=1), [k.pk for k in keys])
@@ -44,7 +45,8 @@ def key_create(request: TenantRequest) -> HttpResponse:
         data = form.cleaned_data
         key, plaintext = issue_key(
             request.tenant, data["name"], allowed_models=list(data["allowed_models"]),
-            expires_at=data["expires_at"], created_by=request.user, **form.caps(),
+            expires_at=data["expires_at"], created_by=request.user, project=data.get("project"),
+            **form.caps(),
         )
         return secret_redirect(request, "portal:key_created",
                                {"key_id": key.pk, "plaintext": plaintext})
