@@ -9,7 +9,7 @@ admission never reads the database. Money limits are whole micro-units of their 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
@@ -112,7 +112,10 @@ class KeyBudgets:
             return ()
         own = (self.end_user_overrides or {}).get(end_user, ())
         mine = {(r.metric, r.period) for r in own}
-        return (*own, *(r for r in self.end_user_defaults if (r.metric, r.period) not in mine))
+        # A default binds each end user apart: its counter is keyed by the end user, not by
+        # the default's blank name (which would make every end user share one budget).
+        return (*own, *(replace(r, ident=end_user) for r in self.end_user_defaults
+                        if (r.metric, r.period) not in mine))
 
     def rules(self, end_user: str = "") -> tuple[BudgetRule, ...]:
         return (*self.chain, *self.for_end_user(end_user))

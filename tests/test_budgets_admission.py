@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -140,7 +141,8 @@ def test_end_user_rules_and_identification():
     special = rule("end_user", "5", ident="alice")
     chain = KeyBudgets((rule("tenant", "10"),), (default,), {"alice": (special,)})
     assert chain.rules("") == chain.chain
-    assert chain.rules("bob") == (*chain.chain, default)
+    assert chain.rules("bob") == (*chain.chain, replace(default, ident="bob"))
+    assert chain.rules("carol")[-1].ident == "carol"  # each end user has its own counter
     assert chain.rules("alice") == (*chain.chain, special)
     assert end_user_of({"user": "u1"}, {}) == "u1"
     assert end_user_of({"user": "u1", "safety_identifier": "s1"}, {}) == "s1"
@@ -196,9 +198,16 @@ def test_a_price_change_during_a_period_applies_to_requests_admitted_after_it(re
     run(go())
 
 
-@pytest.mark.django_db(transaction=True)  # the lookup runs in a thread, on its own connection
-def test_the_gateway_reads_the_price_in_effect_at_admission():
+@pytest.mark.django_db
+def test_the_gateway_reads_the_price_in_effect_at_admission(monkeypatch):
     from gateway.inference import prices
+
+    def inline(fn):  # the lookup on this thread, so it sees this test's transaction
+        async def call(*args):
+            return fn(*args)
+        return call
+
+    monkeypatch.setattr(prices, "database_sync_to_async", inline)
     from tests.worlds import price
 
     prices.forget()

@@ -161,3 +161,31 @@ def test_disconnects_settle_to_delivered_tokens_times_price(live, redis_client) 
     cost = sum(PRICES.micro_cost(r["prompt_tokens"], r["cached_tokens"], r["completion_tokens"])
                for r in got)
     assert spent(redis_client, budget) == cost  # to the micro-unit, reservations all returned
+
+
+def test_end_user_budgets_by_body_field_and_by_the_tenants_header(live, redis_client) -> None:
+    """A tenant's default end-user budget binds each end user apart (body `user` or
+    `safety_identifier`); a tenant that names a header identifies them by it instead."""
+    tenant = make_tenant(**open_quota(streams=500))
+    _, plain = make_key(tenant)
+    each = reservation(4) * 2  # room for two requests per end user and day
+    Budget.objects.create(tenant=tenant, level="end_user", metric="money",
+                          limit=Decimal(each) / 1_000_000, period="day")
+    url = live["urls"][0] + "/v1/chat/completions"
+    auth = {"Authorization": f"Bearer {plain}"}
+
+    def post(**extra: Any) -> httpx.Response:
+        headers = {**auth, **extra.pop("headers", {})}
+        return httpx.post(url, timeout=30, headers=headers, json={
+            "model": MODEL, "messages": HELLO, "max_tokens": 4, "ignore_eos": True, **extra})
+
+    assert [post(user="alice").status_code for _ in range(3)] == [200, 200, 429]
+    refused = post(safety_identifier="alice").json()["error"]
+    assert refused["code"] == "insufficient_quota" and "end user budget" in refused["message"]
+    assert post(user="bob").status_code == 200
+    assert post().status_code == 200  # no end user named: no end-user budget applies
+    tenant.end_user_header = "x-end-user"
+    tenant.save()
+    assert post(user="bob", headers={"x-end-user": "carol"}).status_code == 200
+    assert post(user="carol").status_code == 200  # the body no longer names the end user
+    assert [post(headers={"x-end-user": "carol"}).status_code for _ in range(2)] == [200, 429]

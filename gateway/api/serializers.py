@@ -34,7 +34,7 @@ class TenantSerializer(serializers.ModelSerializer):
     class Meta:
         model = Tenant
         fields = ["id", "name", "slug", "status", "tier", "region", "home_cell", "extra_cells",
-                  "content_logging", "created_at", "updated_at"]
+                  "content_logging", "end_user_header", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
