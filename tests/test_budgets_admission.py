@@ -199,21 +199,18 @@ def test_a_price_change_during_a_period_applies_to_requests_admitted_after_it(re
 
 
 @pytest.mark.django_db
-def test_the_gateway_reads_the_price_in_effect_at_admission(monkeypatch):
+def test_the_gateway_reads_the_price_in_effect_at_admission():
+    import time
+
     from gateway.inference import prices
-
-    def inline(fn):  # the lookup on this thread, so it sees this test's transaction
-        async def call(*args):
-            return fn(*args)
-        return call
-
-    monkeypatch.setattr(prices, "database_sync_to_async", inline)
     from tests.worlds import price
 
     prices.forget()
     now = datetime(2026, 12, 15, 12, tzinfo=UTC)
     price("sim-p", now.replace(hour=0), "2", "0.5", "8")
     price("sim-p", now.replace(hour=13), "4", "1", "16")  # made ahead, starts at 13:00
+    for model in ("sim-p", "unpriced"):  # loaded here: the gateway's thread has no test data
+        prices._books[model] = (time.monotonic(), prices._load(model))
     before = asyncio.run(prices.unit_prices("sim-p", now.timestamp()))
     after = asyncio.run(prices.unit_prices("sim-p", now.timestamp() + 3600))
     assert before == PRICES and after is not None and after.output == 16 * 10**6
