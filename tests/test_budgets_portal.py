@@ -83,3 +83,21 @@ def test_keys_are_made_in_projects_and_listed_with_them(client, world):
     owner.post(reverse("portal:key_create"), {"name": "shop key", "project": web.pk})
     assert ApiKey.objects.get(name="shop key").project == web
     assert "· webshop" in owner.get(reverse("portal:keys")).content.decode()
+
+
+def test_usage_by_end_user_on_the_budgets_page(client, world):
+    from datetime import timedelta
+
+    from tests.worlds import price, record, this_hour
+
+    now = this_hour()
+    price("sim-small", now - timedelta(days=40), "40", "0", "0")  # 100 prompt = 0.004 USD
+    for who in ("alice", "alice", "bob", ""):
+        r = record(world.tenant, world.keys["owner"], "sim-small", now, prompt=100,
+                   completion=0)
+        r.end_user = who
+        r.save()
+    page = signed_in(client, world, "billing").get(reverse("portal:budgets")).content.decode()
+    table = page[page.index('id="end-users"'):]
+    assert table.index("alice") < table.index("bob")  # most tokens first
+    assert "0.01 USD" in table and "0.00 USD" in table  # 0.008 and 0.004, each rounded once

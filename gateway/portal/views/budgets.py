@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from metering.billing.budget_status import status_of
+from metering.billing.end_users import by_end_user
 from tenants import roles
 from tenants.models import ApiKey, Budget, Project, Tenant
 
@@ -49,8 +50,10 @@ def budgets_page(request: TenantRequest) -> HttpResponse:
     rows = [status_of(b, now) for b in budgets]
     over = ApiKey.objects.filter(tenant=request.tenant, over_budget_at__isnull=False,
                                  revoked_at__isnull=True)
+    month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     return page(request, "portal/budgets.html", {
-        "rows": rows, "form": form, "manage": manage, "over_keys": over, "now": now})
+        "rows": rows, "form": form, "manage": manage, "over_keys": over, "now": now,
+        "month": month, "end_users": by_end_user(request.tenant, month, now)})
 
 
 @tenant_view("budgets")
