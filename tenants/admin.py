@@ -490,7 +490,7 @@ class MembershipAdmin(admin.ModelAdmin):
 # --- projects and budgets (docs/adr/0021) ------------------------------------------------------
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(admin.ModelAdmin[Project]):
     list_display = ["name", "slug", "tenant", "created_at"]
     list_filter = ["tenant"]
     search_fields = ["name", "slug", "tenant__slug"]

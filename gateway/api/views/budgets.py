@@ -20,7 +20,7 @@ from metering.billing import budget_export
 from tenants.models import Budget, Project
 
 
-class ProjectViewSet(viewsets.ModelViewSet, TenantScoped):
+class ProjectViewSet(viewsets.ModelViewSet[Project], TenantScoped[Project]):
     """Projects group a tenant's keys and may narrow the models they use."""
 
     capability = "projects"
@@ -36,7 +36,7 @@ class ProjectViewSet(viewsets.ModelViewSet, TenantScoped):
         serializer.save(tenant=self.tenant)
 
 
-class BudgetViewSet(viewsets.ModelViewSet, TenantScoped):
+class BudgetViewSet(viewsets.ModelViewSet[Budget], TenantScoped[Budget]):
     """Budgets in money or tokens per day, week, month (UTC) or lifetime, at the tenant, a
     project, a key or an end user; each answer says this period's spend and projection."""
 

@@ -20,7 +20,7 @@ from tenants import roles
 from tenants.models import ApiKey, Budget, Project, Tenant
 
 
-class BudgetForm(forms.ModelForm):
+class BudgetForm(forms.ModelForm[Budget]):
     class Meta:
         model = Budget
         fields = ["level", "project", "api_key", "end_user", "metric", "limit", "currency",
