@@ -238,3 +238,14 @@ def test_the_usage_record_names_the_end_user(redis_client):
 def procs_arun(coro):
     from tests.procs import arun
     return arun(coro)
+
+
+def test_safety_identifier_is_validated_like_user():
+    from gateway.inference.errors import ApiError
+    from gateway.inference.requests import parse_object
+
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_object({**base, "safety_identifier": "s1"}, "chat").safety_identifier == "s1"
+    with pytest.raises(ApiError) as refused:
+        parse_object({**base, "safety_identifier": 7}, "chat")
+    assert refused.value.status == 400 and refused.value.param == "safety_identifier"

@@ -68,6 +68,9 @@ def _common_properties() -> dict[str, Any]:
         ]}),
         "seed": _nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
         "user": _nullable({"type": "string", "maxLength": 256}),
+        "safety_identifier": _nullable({
+            "type": "string", "maxLength": 256,
+            "description": "The end user (OpenAI's name; ahead of `user`): end-user budgets."}),
         "stream": _nullable({"type": "boolean"}),
         "stream_options": _nullable({
             "type": "object", "additionalProperties": False,
@@ -299,6 +302,9 @@ def _responses_schemas() -> dict[str, Any]:
         "stream": _nullable({"type": "boolean"}),
         "text": _nullable({"type": "object"}),
         "user": _nullable({"type": "string", "maxLength": 256}),
+        "safety_identifier": _nullable({
+            "type": "string", "maxLength": 256,
+            "description": "The end user (OpenAI's name; ahead of `user`): end-user budgets."}),
         "previous_response_id": _nullable({"type": "string", "description":
                                            "Refused (400): no responses are stored."}),
     })

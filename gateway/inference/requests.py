@@ -75,6 +75,7 @@ class InferenceRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str | None = None
+    safety_identifier: str | None = None  # the end user, OpenAI's newer name (budgets)
     stream: bool = False
     include_usage: bool = False
     # vLLM's extension (sent with the official client's ``extra_body``): generate max_tokens
@@ -122,6 +123,7 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         stop=_stop(fields),
         seed=_int(fields, "seed", None, -(2**63), 2**63 - 1),
         user=_string(fields, "user", max_len=256),
+        safety_identifier=_string(fields, "safety_identifier", max_len=256),
         stream=stream,
         include_usage=_include_usage(fields, stream),
         ignore_eos=_bool(fields, "ignore_eos", False),
