@@ -17,6 +17,7 @@ from serving import wfq
 from serving.admission import AdmissionLimits, ScopeLimits
 from serving.keys import deadlines_key, inflight_key
 from serving.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
+from serving.tokenization import load_tokenizer
 from tests import rkeys
 from tests.factories import make_model, make_pool
 from tests.procs import (
@@ -30,7 +31,6 @@ from tests.procs import (
     wait_until,
 )
 from workers.engine.base import SamplingParams
-from workers.tokenization import load_tokenizer
 
 # django_db: the session then sets up the test database, which the module fixture fills.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.django_db]

@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.inference.requests import InferenceRequest
 from gateway.inference.toolparsers import ToolCall, ToolParser, new_call_id, parse_required
-from workers.tokenization import HFTokenizer
+from serving.tokenization import HFTokenizer
 
 Choice = dict[str, Any]
 

@@ -69,9 +69,9 @@ from gateway.orm import in_thread
 from infra import clientaddr
 from infra.redis_conn import get_async_redis
 from metering import metrics
+from serving.tokenization import load_tokenizer
+from serving.wire import SamplingParams
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
-from workers.engine.base import SamplingParams
-from workers.tokenization import load_tokenizer
 
 log = logging.getLogger(__name__)
 

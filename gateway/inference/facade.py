@@ -28,8 +28,8 @@ from serving.submission import (
     attach,
     submit,
 )
+from serving.wire import SamplingParams
 from tenants.auth import Principal
-from workers.engine.base import SamplingParams
 
 __all__ = ["ErrorEvent", "Event", "FinishEvent", "Rejection", "Submission", "TokenEvent", "attach",
            "dumps", "submit_request", "usage_counts"]

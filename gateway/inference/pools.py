@@ -13,17 +13,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError
+from django.db.models import QuerySet
 
 from gateway.inference.errors import model_not_found, unavailable
 from gateway.orm import in_thread
 from infra.redis_conn import get_async_redis, pool_key, text
+from serving.adapters import AdapterCatalog, AdapterConfigError, AdapterNotFound
 from tenants.models import Pool, ServedModel
-from workers.engine.adapters import AdapterCatalog, AdapterNotFound
-from workers.engine.registry import EngineConfigError, adapter_catalog
 
 log = logging.getLogger(__name__)
 TTL = 2.0
@@ -81,20 +80,20 @@ def _load_catalog() -> Catalog:
     return Catalog(models, pools)
 
 
-def _cell_pools() -> Any:
+def _cell_pools() -> QuerySet[Pool]:
     """The enabled pools this gateway routes to: with cells, only its own cell's (their queues
     live in this cell's Redis, and only its workers read them)."""
     pools = Pool.objects.filter(enabled=True)
     return pools.filter(cell=settings.CELL) if settings.CELL else pools
 
 
-def _adapters(pool: object) -> AdapterCatalog:
+def _adapters(pool: Pool) -> AdapterCatalog:
     try:
-        return adapter_catalog(pool)
-    except EngineConfigError:
+        return AdapterCatalog.of_pool(pool.name, pool.backend, dict(pool.backend_settings or {}))
+    except AdapterConfigError:
         # A misconfigured adapter list must not take the pool's base model down with it; the
         # worker refuses to start on the same error, which is where an operator sees it.
-        log.exception("ignoring the adapters of pool %s", getattr(pool, "name", pool))
+        log.exception("ignoring the adapters of pool %s", pool.name)
         return AdapterCatalog()
 
 
