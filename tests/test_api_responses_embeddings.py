@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from gateway.inference import embeddings
+from gateway.inference.bodies import UsageCounts
 from gateway.inference.choices import Assembler
 from gateway.inference.errors import ApiError
 from gateway.inference.requests import parse_object
-from gateway.inference.responses import UsageCounts
 from gateway.inference.responses_api import ResponseBuilder, to_chat
 from gateway.inference.toolparsers import PARSERS
 from serving.tokenization import load_tokenizer
