@@ -16,9 +16,9 @@ client retries, rather than a 200 followed by an error event.
 
 Resume. Every token event's SSE id is ``<request id>/<stream entry id>``. A request carrying
 ``Last-Event-ID`` re-attaches to that request (same tenant only) and replays its stream after
-that entry, for as long as the stream is kept (``accounting.STREAM_TTL_AFTER_END`` after the
-end). A disconnect cancels the generation, so a resumed stream ends where generation stopped;
-resuming a finished stream replays the rest of it, [DONE] included.
+that entry, for as long as the stream is kept (``serving.settlement.STREAM_TTL_AFTER_END``
+after the end). A disconnect cancels the generation, so a resumed stream ends where generation
+stopped; resuming a finished stream replays the rest of it, [DONE] included.
 
 Settings: ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open to loopback
 clients only).
