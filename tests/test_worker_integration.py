@@ -13,6 +13,7 @@ import time
 import pytest
 
 from infra.redis_conn import get_redis, key
+from metering.keys import pool_names
 from serving import wfq
 from serving.admission import AdmissionLimits, ScopeLimits
 from serving.keys import deadlines_key, inflight_key
@@ -132,7 +133,7 @@ def assert_all_released(r, timeout: float = 5.0) -> None:
     while (left := held()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not left, {k: r.get(k) for k in left}
-    assert all(r.zcard(deadlines_key(pool)) == 0 for pool in rkeys.pools(r))
+    assert all(r.zcard(deadlines_key(pool)) == 0 for pool in pool_names(r))
 
 
 def test_three_tenants_complete_and_settle(workers, redis_client):

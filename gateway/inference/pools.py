@@ -20,7 +20,8 @@ from django.db.models import QuerySet
 
 from gateway.inference.errors import model_not_found, unavailable
 from gateway.orm import in_thread
-from infra.redis_conn import get_async_redis, pool_key, text
+from infra.pool_workers import queue_live_workers, queue_load
+from infra.redis_conn import get_async_redis, pool_key
 from serving.adapters import AdapterCatalog, AdapterConfigError, AdapterNotFound
 from tenants.models import Pool, ServedModel
 
@@ -140,14 +141,15 @@ async def advertised_window(pool: str) -> int | None:
     if hit is not None and now - hit[0] < WINDOW_TTL:
         return hit[1]
     client = get_async_redis()
-    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
-    wids = await client.zrangebyscore(pool_key("workers", pool), cutoff, "+inf")
+    pipe = client.pipeline(transaction=False)
+    queue_live_workers(pipe, pool)
+    [wids] = await pipe.execute()
     windows: list[int] = []
     if wids:
         pipe = client.pipeline(transaction=False)
         for wid in wids:
-            pipe.hget(pool_key("worker", pool, text(wid), "load"), "max_model_len")
-        windows = [int(v) for v in await pipe.execute() if v]
+            queue_load(pipe, pool, wid, "max_model_len")
+        windows = [int(v) for [v] in await pipe.execute() if v]
     window = min(windows) if windows else None
     _windows[pool] = (now, window)
     return window
@@ -192,18 +194,16 @@ class PoolLoad:
 async def pool_loads(pools: list[PoolInfo]) -> list[PoolLoad]:
     """Two pipelined round trips: live workers and queue lengths, then each worker's load."""
     client = get_async_redis()
-    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
     pipe = client.pipeline(transaction=False)
     for p in pools:
-        pipe.zrangebyscore(pool_key("workers", p.name), cutoff, "+inf")
+        queue_live_workers(pipe, p.name)
         pipe.hlen(pool_key("wfq", p.name, "items"))
     first = await pipe.execute()
     workers = [first[2 * i] for i in range(len(pools))]
     pipe = client.pipeline(transaction=False)
     for p, wids in zip(pools, workers, strict=True):
         for wid in wids:
-            pipe.hmget(pool_key("worker", p.name, wid.decode(), "load"), "in_flight",
-                       "max_running")
+            queue_load(pipe, p.name, wid, "in_flight", "max_running")
     loads = iter(await pipe.execute())
     out = []
     for i, wids in enumerate(workers):
