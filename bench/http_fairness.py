@@ -66,9 +66,9 @@ from _http import (
 )
 from http_noisy_neighbour import workload as design_workload
 
+from serving.tokenization import load_tokenizer
 from serving.wfq import Wfq
 from workers.engine.simulated import CORPUS
-from workers.tokenization import load_tokenizer
 
 SLOTS = 8
 POOL_RATE = 2000.0  # decode tokens/s of the whole pool

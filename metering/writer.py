@@ -28,14 +28,14 @@ from typing import Any
 from django.db import transaction
 
 from infra.leased_queue import LeasedQueue
-from infra.redis_conn import get_redis, text
+from infra.redis_conn import get_redis
 from metering import metrics
 from metering.keys import (
     dead_key,
     dirty_hours_key,
     lease_key,
     pending_key,
-    pools_key,
+    pool_names,
     processing_key,
 )
 from metering.models import UsageRecord
@@ -63,7 +63,7 @@ def flush(batch_size: int = BATCH_SIZE, max_batches: int = 100) -> FlushResult |
     right now (and there is a pool)."""
     client = get_redis()
     result, held = FlushResult(), 0
-    pools = sorted(text(p) for p in client.smembers(pools_key()))
+    pools = pool_names(client)
     for pool in pools:
         held += not _flush_pool(client, _queue(pool), batch_size, max_batches, result)
     return None if pools and held == len(pools) else result

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.redis_conn import get_async_redis
+from metering.keys import pool_names_async
 from serving import admission, budgets, liveness, settlement, transport, wfq
 from serving.admission import AdmissionLimits, Admitted, RateLimitInfo, Reason, Rejected
-from serving.keys import pools_key, req_key
+from serving.keys import req_key
 from serving.settlement import Status
 from serving.wire import (
     FinishReason,
@@ -289,7 +290,7 @@ async def _find(request_id: str) -> list[Any]:
     is asked (one pipelined round trip; pools are few, and a resume is rare).
     """
     r = get_async_redis()
-    pools = sorted(text(p) for p in await r.smembers(pools_key()))
+    pools = await pool_names_async(r)
     pipe = r.pipeline(transaction=False)
     for pool in pools:
         pipe.hmget(req_key(pool, request_id), "tenant", "pool", "ttft_s", "total_s",

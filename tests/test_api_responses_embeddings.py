@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 
 from gateway.inference import embeddings
+from gateway.inference.bodies import UsageCounts
 from gateway.inference.choices import Assembler
 from gateway.inference.errors import ApiError
 from gateway.inference.requests import parse_object
-from gateway.inference.responses import UsageCounts
 from gateway.inference.responses_api import ResponseBuilder, to_chat
 from gateway.inference.toolparsers import PARSERS
+from serving.tokenization import load_tokenizer
 from workers.engine.simulated import SimConfig, SimulatedEngine
 from workers.host import pack_vectors
-from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather.",

@@ -19,11 +19,11 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from serving.tokenization import load_tokenizer
 from tenants.models import Pool
 from tests import procs, rkeys
 from tests.agents_run import run_weather_agent
 from tests.factories import make_key, make_model, make_tenant
-from workers.tokenization import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -16,7 +16,7 @@ from gateway.inference.requests import InferenceRequest, parse
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.toolparsers import PARSERS, parse_required
 from gateway.inference.tools import constraint
-from workers.tokenization import load_tokenizer
+from serving.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 WEATHER = {"type": "function", "function": {

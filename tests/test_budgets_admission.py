@@ -221,8 +221,8 @@ def test_the_usage_record_names_the_end_user(redis_client):
     """End users are metered per request (an identifier, never content, I4)."""
     from metering.writer import record_from_json
     from serving.submission import submit
+    from serving.wire import SamplingParams
     from tests import rkeys
-    from workers.engine.base import SamplingParams
 
     async def go():
         result = await submit(tenant_id=1, key_id=11, weight=1.0, model="m", pool="p",

@@ -19,12 +19,12 @@ from django.utils import timezone
 
 from metering.billing.models import Price
 from serving.budgets import UnitPrices, counter_key
+from serving.tokenization import load_tokenizer
 from tenants.budgets import rule_of, window
 from tenants.models import Budget, Pool
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
 from tests.worlds import price
-from workers.tokenization import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

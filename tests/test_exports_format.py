@@ -12,9 +12,9 @@ import pytest
 from openpyxl import load_workbook
 
 from metering.billing import exports, reports
-from metering.billing.cells import FORMULA_TRIGGERS, safe_cell
 from metering.billing.models import ExportJob
 from metering.billing.money import format_money, round_money, total_amount
+from metering.billing.spreadsheet import FORMULA_TRIGGERS, safe_cell
 from tests.factories import make_key
 from tests.worlds import build_world, price, record, roll_up, this_hour
 

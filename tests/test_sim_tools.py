@@ -10,12 +10,12 @@ import random
 import jsonschema
 
 from gateway.inference.toolparsers import parse_hermes
+from serving.tokenization import load_tokenizer
 from serving.wire import pack_sampling, unpack_sampling
 from tests.test_sim_engine import generate_one, req
 from workers.engine.base import SamplingParams
 from workers.engine.simtools import last_message, name_parts, offered_tools, tool_call_text
 from workers.engine.simulated import SimConfig
-from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 CONFIG = SimConfig(kv_cache_tokens=8192, max_model_len=2048)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.tokenization import (
+from serving.tokenization import (
     ChatTemplateError,
     IncrementalDetokenizer,
     load_tokenizer,
@@ -32,7 +32,7 @@ def stream(ids: list[int], use_byte_table: bool = True) -> list[str]:
 
 def test_default_is_the_packaged_sim_model_and_cached():
     assert load_tokenizer(None) is load_tokenizer("") is load_tokenizer(str(sim_model_dir()))
-    packaged = resources.files("workers").joinpath("assets/sim-model/tokenizer.json")
+    packaged = resources.files("serving").joinpath("assets/sim-model/tokenizer.json")
     assert packaged.is_file()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (sim_model_dir() / name).stat().st_size < 500 * 1024

@@ -15,11 +15,13 @@ from decimal import Decimal
 import pytest
 
 from infra.redis_conn import get_redis, key
+from metering.keys import pool_names
 from serving import wfq
 from serving.admission import AdmissionLimits, ScopeLimits
 from serving.budgets import UnitPrices, counter_key
 from serving.keys import deadlines_key, inflight_key
 from serving.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
+from serving.tokenization import load_tokenizer
 from tenants.budgets import BudgetRule, window
 from tests import rkeys
 from tests.factories import make_model, make_pool
@@ -34,7 +36,6 @@ from tests.procs import (
     wait_until,
 )
 from workers.engine.base import SamplingParams
-from workers.tokenization import load_tokenizer
 
 # django_db: the session then sets up the test database, which the module fixture fills.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.django_db]
@@ -138,7 +139,7 @@ def assert_all_released(r, timeout: float = 5.0) -> None:
     while (left := held()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not left, {k: r.get(k) for k in left}
-    assert all(r.zcard(deadlines_key(pool)) == 0 for pool in rkeys.pools(r))
+    assert all(r.zcard(deadlines_key(pool)) == 0 for pool in pool_names(r))
 
 
 def test_three_tenants_complete_and_settle(workers, redis_client):

@@ -369,7 +369,7 @@ class EngineHost:
             # behind its share has the smaller tag), docs/adr/0017.
             priority=int(payload.get("priority") or 0) or int(tag),
             # The tenant's LoRA adapter, if the request named one; the engine loads it only for
-            # a request carrying its owner's salt (workers.engine.adapters).
+            # a request carrying its owner's salt (serving.adapters).
             adapter=(payload.get("adapter") or b"").decode() or None,
         )
 

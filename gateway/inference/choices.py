@@ -1,6 +1,6 @@
 """Choices of a response that needs more than relaying text: tools, n > 1, logprobs.
 
-Plain requests take the per-token fast path (``responses.ChunkTemplate``). These take this one:
+Plain requests take the per-token fast path (``bodies.ChunkTemplate``). These take this one:
 the worker frames each choice's deltas (``workers.host.frame``: choice index, text, token ids
 with logprobs, finish), and an ``Assembler`` turns them into OpenAI's choice objects, for a
 stream (``feed``/``finish`` return the chunk choices to send now) and for a whole response
@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.inference.requests import InferenceRequest
 from gateway.inference.toolparsers import ToolCall, ToolParser, new_call_id, parse_required
-from workers.tokenization import HFTokenizer
+from serving.tokenization import HFTokenizer
 
 Choice = dict[str, Any]
 

@@ -16,9 +16,9 @@ client retries, rather than a 200 followed by an error event.
 
 Resume. Every token event's SSE id is ``<request id>/<stream entry id>``. A request carrying
 ``Last-Event-ID`` re-attaches to that request (same tenant only) and replays its stream after
-that entry, for as long as the stream is kept (``accounting.STREAM_TTL_AFTER_END`` after the
-end). A disconnect cancels the generation, so a resumed stream ends where generation stopped;
-resuming a finished stream replays the rest of it, [DONE] included.
+that entry, for as long as the stream is kept (``serving.settlement.STREAM_TTL_AFTER_END``
+after the end). A disconnect cancels the generation, so a resumed stream ends where generation
+stopped; resuming a finished stream replays the rest of it, [DONE] included.
 
 Settings: ``SSE_KEEPALIVE_SECONDS`` (15), ``METRICS_TOKEN`` (empty: /metrics open to loopback
 clients only).
@@ -41,8 +41,16 @@ from django.conf import settings
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.inference import cells, embeddings, facade, idempotency, overload, revocation, sse
-from gateway.inference.admission import size_request, tokenize
+from gateway.inference import cells, embeddings, idempotency, overload, revocation, sse
+from gateway.inference.bodies import (
+    ChunkTemplate,
+    UsageCounts,
+    choices_body,
+    completion_body,
+    dumps,
+    model_entries,
+    usage_counts,
+)
 from gateway.inference.bodylimit import read_bounded_body
 from gateway.inference.choices import Assembler, framed, needs_assembler
 from gateway.inference.errors import (
@@ -55,24 +63,28 @@ from gateway.inference.errors import (
 )
 from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
 from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
-from gateway.inference.responses import (
-    ChunkTemplate,
-    UsageCounts,
-    choices_body,
-    completion_body,
-    model_entries,
-)
 from gateway.inference.responses_api import ResponseBuilder, dumps_events, to_chat
 from gateway.inference.sampling import check_supported, sampling_params
+from gateway.inference.sizing import size_request, tokenize
+from gateway.inference.submit import submit_request
 from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
 from infra import clientaddr
 from infra.redis_conn import get_async_redis
 from metering import metrics
+from serving.submission import (
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    Rejection,
+    Submission,
+    TokenEvent,
+    attach,
+)
+from serving.tokenization import load_tokenizer
+from serving.wire import SamplingParams
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
 from tenants.budgets import end_user_of
-from workers.engine.base import SamplingParams
-from workers.tokenization import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -287,11 +299,11 @@ class ModelsConsumer(ApiConsumer):
         wanted = self.scope.get("url_route", {}).get("kwargs", {}).get("model")
         entries = model_entries(sorted(created), created, principal.tenant_slug)
         if wanted is None:
-            await self.send_json(200, facade.dumps({"object": "list", "data": entries}))
+            await self.send_json(200, dumps({"object": "list", "data": entries}))
             return
         for entry in entries:
             if entry["id"] == wanted:
-                await self.send_json(200, facade.dumps(entry))
+                await self.send_json(200, dumps(entry))
                 return
         raise model_not_found(wanted)
 
@@ -337,7 +349,7 @@ class CompletionConsumer(ApiConsumer):
     kind: Kind = "chat"
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        self.submission: facade.Submission | None = None
+        self.submission: Submission | None = None
         # Holds an Idempotency-Key claim: a client that hangs up (a timeout) will retry with
         # the key, so the request runs on and its answer is stored for the retry to replay,
         # instead of being cancelled and run (and paid) again.
@@ -402,12 +414,12 @@ class CompletionConsumer(ApiConsumer):
     async def _serve(self, principal: Principal, req: InferenceRequest, pool: PoolInfo,
                      prompt_ids: list[int], sampling: SamplingParams) -> tuple[int, bytes]:
         """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
-        result = await facade.submit_request(
+        result = await submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name,
             model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
             stream=req.stream, adapter=pool.adapter, end_user=getattr(self, "end_user", ""),
         )
-        if isinstance(result, facade.Rejection):
+        if isinstance(result, Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)
             raise rejection_error(result)
@@ -420,14 +432,14 @@ class CompletionConsumer(ApiConsumer):
             return 0, b""
         return await self._collect(req, result, headers)
 
-    async def relay(self, req: InferenceRequest, sub: facade.Submission,
+    async def relay(self, req: InferenceRequest, sub: Submission,
                     headers: dict[str, str]) -> None:
         await Relay(self, req, sub.events(), headers).run()
 
     async def _resume(self, principal: Principal, req: InferenceRequest, rid: str,
                       last_id: str) -> None:
         """A reconnect with Last-Event-ID: replay the same request's stream after that entry."""
-        found = await facade.attach(rid, principal.tenant_id)
+        found = await attach(rid, principal.tenant_id)
         if found is None:
             raise ApiError(404, "No stream to resume for this Last-Event-ID (it may have "
                            "expired).", param="Last-Event-ID", code="stream_not_found")
@@ -450,23 +462,23 @@ class CompletionConsumer(ApiConsumer):
 
     def answer(self, req: InferenceRequest, asm: Assembler, usage: UsageCounts) -> bytes:
         """A whole response from a finished assembler."""
-        return facade.dumps(choices_body(req.kind, self.request_id, created_of(self.request_id),
+        return dumps(choices_body(req.kind, self.request_id, created_of(self.request_id),
                                          req.model, asm.choices(), usage))
 
-    async def _collect(self, req: InferenceRequest, sub: facade.Submission,
+    async def _collect(self, req: InferenceRequest, sub: Submission,
                        headers: dict[str, str]) -> tuple[int, bytes]:
         pieces: list[str] = []
         tokens = 0
         asm = self.assembler(req)
         async for event in sub.events():
-            if isinstance(event, facade.TokenEvent):
+            if isinstance(event, TokenEvent):
                 if asm is not None:
                     asm.feed(event.text)
                 else:
                     pieces.append(event.text)
                 tokens += event.token_count
-            elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
-                usage = facade.usage_counts(event.usage)
+            elif isinstance(event, FinishEvent) and event.finish_reason in FINISH_REASONS:
+                usage = usage_counts(event.usage)
                 created = created_of(self.request_id)
                 if asm is not None:
                     asm.finish(event.finish_reason)
@@ -475,7 +487,7 @@ class CompletionConsumer(ApiConsumer):
                     answer = self.answer(req, asm, usage)
                 else:
                     text = "".join(pieces)
-                    answer = facade.dumps(completion_body(
+                    answer = dumps(completion_body(
                         req.kind, self.request_id, created, req.model, text,
                         event.finish_reason, usage))
                 await self.send_json(200, answer, headers)
@@ -527,11 +539,11 @@ class EmbeddingsConsumer(CompletionConsumer):
         prompts = await asyncio.to_thread(embeddings.tokenize, req, pool.model,
                                           principal.limits(req.model))
         await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
-        result = await facade.submit_request(
+        result = await submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name, model=req.model,
             prompt_token_ids=[t for p in prompts for t in p],
             sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter)
-        if isinstance(result, facade.Rejection):
+        if isinstance(result, Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)
             raise rejection_error(result)
@@ -540,11 +552,11 @@ class EmbeddingsConsumer(CompletionConsumer):
             await result.cancel("client_disconnect")
         vectors: list[list[float]] = []
         async for event in result.events():
-            if isinstance(event, facade.TokenEvent):
+            if isinstance(event, TokenEvent):
                 vectors = embeddings.unpack(event.text)
-            elif isinstance(event, facade.FinishEvent) and event.finish_reason == "stop":
+            elif isinstance(event, FinishEvent) and event.finish_reason == "stop":
                 answer = embeddings.body(req, vectors, event.usage.prompt_tokens)
-                await self.send_json(200, facade.dumps(answer), result.rate_limit.headers())
+                await self.send_json(200, dumps(answer), result.rate_limit.headers())
                 return
             else:
                 raise failure(event, 0)
@@ -569,9 +581,9 @@ class ResponsesConsumer(CompletionConsumer):
 
     def answer(self, req: InferenceRequest, asm: Assembler, usage: UsageCounts) -> bytes:
         builder = ResponseBuilder(self.request_id, req.model, self.body_data)
-        return facade.dumps(builder.whole(asm, usage))
+        return dumps(builder.whole(asm, usage))
 
-    async def relay(self, req: InferenceRequest, sub: facade.Submission,
+    async def relay(self, req: InferenceRequest, sub: Submission,
                     headers: dict[str, str]) -> None:
         asm = self.assembler(req)
         builder = ResponseBuilder(self.request_id, req.model, self.body_data)
@@ -579,15 +591,15 @@ class ResponsesConsumer(CompletionConsumer):
         ticker = asyncio.create_task(self._keepalive(headers, builder))
         try:
             async for event in sub.events():
-                if isinstance(event, facade.TokenEvent):
+                if isinstance(event, TokenEvent):
                     await self._begin(headers, builder)
                     tokens += event.token_count
                     await self.write(dumps_events(builder.feed(asm.feed(event.text))))
-                elif isinstance(event, facade.FinishEvent) and \
+                elif isinstance(event, FinishEvent) and \
                         event.finish_reason in FINISH_REASONS:
                     await self._begin(headers, builder)
                     events = builder.feed(asm.finish(event.finish_reason))
-                    events += builder.end(facade.usage_counts(event.usage))
+                    events += builder.end(usage_counts(event.usage))
                     await self.write(dumps_events(events), more=False)
                     texts = asm.texts()
                     await self.log_content(req, texts[0] if texts else "")
@@ -614,7 +626,7 @@ class Relay:
     """One SSE response: headers on the first event, keep-alives while idle, [DONE] at the end."""
 
     def __init__(self, consumer: CompletionConsumer, req: InferenceRequest,
-                 events: AsyncIterator[facade.Event], headers: Mapping[str, str],
+                 events: AsyncIterator[Event], headers: Mapping[str, str],
                  *, resumed: bool = False) -> None:
         self.c = consumer
         self.req = req
@@ -689,7 +701,7 @@ class Relay:
         async for event in self.events:
             if self.c.disconnected.is_set():
                 return
-            if isinstance(event, facade.TokenEvent):
+            if isinstance(event, TokenEvent):
                 if not self.c.started:
                     await self._begin()
                 self.tokens += event.token_count
@@ -702,7 +714,7 @@ class Relay:
                         self._id_head, event.event_id.encode(), self.tpl.delta(event.text)))
                 if not self._pending():
                     await self._flush()
-            elif isinstance(event, facade.FinishEvent) and event.finish_reason in FINISH_REASONS:
+            elif isinstance(event, FinishEvent) and event.finish_reason in FINISH_REASONS:
                 await self._begin()
                 if self.asm is not None:
                     self._chunks(self.asm.finish(event.finish_reason), event.event_id)
@@ -713,7 +725,7 @@ class Relay:
                     self._buf.append(sse.event(self.tpl.finish(event.finish_reason),
                                                self.id_prefix + event.event_id))
                 if self.req.include_usage:
-                    self._buf.append(sse.event(self.tpl.usage(facade.usage_counts(event.usage))))
+                    self._buf.append(sse.event(self.tpl.usage(usage_counts(event.usage))))
                 self._buf.append(sse.DONE)
                 await self._flush(more=False)
                 if self.pieces is not None:
@@ -766,7 +778,7 @@ def created_of(request_id: str) -> int:
         return int(time.time())
 
 
-def rejection_error(rejection: facade.Rejection) -> ApiError:
+def rejection_error(rejection: Rejection) -> ApiError:
     headers = rejection.headers()
     if rejection.reason == "insufficient_quota":
         # A budget: waiting helps only once its period resets (Retry-After says when; none for
@@ -784,9 +796,9 @@ def rejection_error(rejection: facade.Rejection) -> ApiError:
     return rate_limited(rejection.message, code=code, retry_after=None, headers=headers)
 
 
-def failure(event: facade.ErrorEvent | facade.FinishEvent, tokens_sent: int) -> ApiError:
+def failure(event: ErrorEvent | FinishEvent, tokens_sent: int) -> ApiError:
     """The error a failed generation answers with (or sends as its last stream event)."""
-    if isinstance(event, facade.FinishEvent):  # aborted by someone else (a cancel, shedding)
+    if isinstance(event, FinishEvent):  # aborted by someone else (a cancel, shedding)
         code, message, retryable, param = "request_cancelled", "The request was cancelled.", \
             True, None
     else:

@@ -13,17 +13,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError
+from django.db.models import QuerySet
 
 from gateway.inference.errors import model_not_found, unavailable
 from gateway.orm import in_thread
-from infra.redis_conn import get_async_redis, pool_key, text
+from infra.pool_workers import queue_live_workers, queue_load
+from infra.redis_conn import get_async_redis, pool_key
+from serving.adapters import AdapterCatalog, AdapterConfigError, AdapterNotFound
 from tenants.models import Pool, ServedModel
-from workers.engine.adapters import AdapterCatalog, AdapterNotFound
-from workers.engine.registry import EngineConfigError, adapter_catalog
 
 log = logging.getLogger(__name__)
 TTL = 2.0
@@ -81,20 +81,20 @@ def _load_catalog() -> Catalog:
     return Catalog(models, pools)
 
 
-def _cell_pools() -> Any:
+def _cell_pools() -> QuerySet[Pool]:
     """The enabled pools this gateway routes to: with cells, only its own cell's (their queues
     live in this cell's Redis, and only its workers read them)."""
     pools = Pool.objects.filter(enabled=True)
     return pools.filter(cell=settings.CELL) if settings.CELL else pools
 
 
-def _adapters(pool: object) -> AdapterCatalog:
+def _adapters(pool: Pool) -> AdapterCatalog:
     try:
-        return adapter_catalog(pool)
-    except EngineConfigError:
+        return AdapterCatalog.of_pool(pool.name, pool.backend, dict(pool.backend_settings or {}))
+    except AdapterConfigError:
         # A misconfigured adapter list must not take the pool's base model down with it; the
         # worker refuses to start on the same error, which is where an operator sees it.
-        log.exception("ignoring the adapters of pool %s", getattr(pool, "name", pool))
+        log.exception("ignoring the adapters of pool %s", pool.name)
         return AdapterCatalog()
 
 
@@ -141,14 +141,15 @@ async def advertised_window(pool: str) -> int | None:
     if hit is not None and now - hit[0] < WINDOW_TTL:
         return hit[1]
     client = get_async_redis()
-    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
-    wids = await client.zrangebyscore(pool_key("workers", pool), cutoff, "+inf")
+    pipe = client.pipeline(transaction=False)
+    queue_live_workers(pipe, pool)
+    [wids] = await pipe.execute()
     windows: list[int] = []
     if wids:
         pipe = client.pipeline(transaction=False)
         for wid in wids:
-            pipe.hget(pool_key("worker", pool, text(wid), "load"), "max_model_len")
-        windows = [int(v) for v in await pipe.execute() if v]
+            queue_load(pipe, pool, wid, "max_model_len")
+        windows = [int(v) for [v] in await pipe.execute() if v]
     window = min(windows) if windows else None
     _windows[pool] = (now, window)
     return window
@@ -193,18 +194,16 @@ class PoolLoad:
 async def pool_loads(pools: list[PoolInfo]) -> list[PoolLoad]:
     """Two pipelined round trips: live workers and queue lengths, then each worker's load."""
     client = get_async_redis()
-    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
     pipe = client.pipeline(transaction=False)
     for p in pools:
-        pipe.zrangebyscore(pool_key("workers", p.name), cutoff, "+inf")
+        queue_live_workers(pipe, p.name)
         pipe.hlen(pool_key("wfq", p.name, "items"))
     first = await pipe.execute()
     workers = [first[2 * i] for i in range(len(pools))]
     pipe = client.pipeline(transaction=False)
     for p, wids in zip(pools, workers, strict=True):
         for wid in wids:
-            pipe.hmget(pool_key("worker", p.name, wid.decode(), "load"), "in_flight",
-                       "max_running")
+            queue_load(pipe, p.name, wid, "in_flight", "max_running")
     loads = iter(await pipe.execute())
     out = []
     for i, wids in enumerate(workers):

@@ -18,10 +18,9 @@ import secrets
 import time
 from typing import Any
 
-from gateway.inference import facade
+from gateway.inference.bodies import UsageCounts, dumps
 from gateway.inference.choices import Assembler
 from gateway.inference.errors import ApiError, invalid_request, unknown_parameter
-from gateway.inference.responses import UsageCounts
 
 # Fields accepted and ignored (they change nothing a stateless gateway does).
 IGNORED = frozenset({"metadata", "store", "truncation", "include", "reasoning", "service_tier",
@@ -323,7 +322,7 @@ class ResponseBuilder:
 
 def sse_event(event: dict[str, Any]) -> bytes:
     kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + facade.dumps(event) + b"\n\n"
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
 
 def dumps_events(events: list[dict[str, Any]]) -> bytes:

@@ -1,6 +1,7 @@
 """Budget against actual, per level, as a CSV for finance: every budget of a tenant with this
 period's spend (the live counter), its percent, the projection and when it resets. Cells go
-through ``cells.safe_row`` like every other export (an end user's id is caller-chosen text)."""
+through ``spreadsheet.safe_row`` like every other export (an end user's id is the caller's
+text)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from metering.billing.budget_status import status_of
-from metering.billing.cells import safe_row
+from metering.billing.spreadsheet import safe_row
 from tenants.models import Budget, Tenant
 
 COLUMNS = ["level", "scope", "metric", "period", "limit", "actual", "percent",

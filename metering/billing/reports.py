@@ -27,9 +27,9 @@ from typing import IO
 
 from django.db.models import QuerySet
 
-from metering.billing.cells import safe_row
 from metering.billing.money import UNPRICED, allocate, minor_unit, total_amount
 from metering.billing.pricing import PriceBook
+from metering.billing.spreadsheet import safe_row
 from metering.models import UsageRollup
 from tenants.models import ApiKey, Project, Tenant
 

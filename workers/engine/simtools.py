@@ -13,7 +13,7 @@ simulated chat template: a ``<tools>`` block of one JSON definition a line, then
   ``_``, ``-`` and camel case, parts of three letters or more, compared case-insensitively
   ("What is the weather in Oslo?" calls ``get_weather``);
 - the arguments are a document valid against the tool's ``parameters`` schema, drawn by the
-  guided sampler (``workers.engine.guided``) with the message's own words as string content; a
+  guided sampler (``serving.guided``) with the message's own words as string content; a
   schema the sampler cannot honour means no call (it answers in text);
 - the call is written in the template's (Hermes) syntax, which the gateway's ``hermes`` parser
   reads: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
@@ -26,7 +26,7 @@ import random
 import re
 from typing import Any
 
-from workers.engine.guided import SchemaError, check_schema, sample_json
+from serving.guided import SchemaError, check_schema, sample_json
 
 ROLES = ("system", "user", "assistant", "tool")
 GENERATION_PROMPT = "<|assistant|>\n"

@@ -17,7 +17,7 @@ It runs no model, but it schedules like one (vLLM v1 is the reference):
   presence, frequency and repetition penalties, ``logit_bias``, ``min_tokens`` (end-of-sequence
   masked until then), temperature; ``logprobs`` reports the distribution the token was drawn
   from. Structured outputs (``json_schema``/``json_object``) emit a schema-valid document drawn
-  for the request (``workers.engine.guided``), token by token, then end-of-sequence. Offered
+  for the request (``serving.guided``), token by token, then end-of-sequence. Offered
   tools under ``tool_choice: "auto"``, it calls one when the conversation asks for it, by the
   deterministic rule in ``workers.engine.simtools``.
 """
@@ -41,6 +41,8 @@ from functools import lru_cache
 from heapq import heappop, heappush
 from pathlib import Path
 
+from serving.guided import sample_json
+from serving.tokenization import HFTokenizer, IncrementalDetokenizer, load_tokenizer
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -53,10 +55,8 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.clock import Clock, RealClock
-from workers.engine.guided import sample_json
 from workers.engine.kv_cache import BlockManager, BlockTable, ModelGeometry
 from workers.engine.simtools import tool_call_text
-from workers.tokenization import HFTokenizer, IncrementalDetokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 

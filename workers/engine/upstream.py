@@ -44,7 +44,8 @@ from typing import Any
 
 import httpx
 
-from workers.engine.adapters import AdapterCatalog, AdapterNotFound
+from serving.adapters import AdapterCatalog, AdapterNotFound
+from serving.tokenization import HFTokenizer, load_tokenizer
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -57,7 +58,6 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
-from workers.tokenization import HFTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 

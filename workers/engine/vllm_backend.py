@@ -21,7 +21,7 @@ Per request it enforces:
 - I1, prefix-cache isolation: the prompt carries the tenant's ``cache_salt``; a request without
   one is refused rather than served from the shared, unsalted cache;
 - adapters are tenant data: a ``LoRARequest`` is built only when the request's salt is the
-  adapter owner's (``workers.engine.adapters``); anyone else gets "not found";
+  adapter owner's (``serving.adapters``); anyone else gets "not found";
 - fairness inside the batch: with ``scheduling_policy="priority"`` the request's priority (from
   the WFQ order; lower runs first) is passed on; under FCFS vLLM ignores priorities for ordering,
   so 0 is sent and the order is arrival order.
@@ -55,7 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.engine.adapters import Adapter, AdapterCatalog, AdapterNotFound
+from serving.adapters import Adapter, AdapterCatalog, AdapterNotFound
+from serving.tokenization import HFTokenizer, load_tokenizer
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -69,7 +70,6 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
-from workers.tokenization import HFTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from infra import embedded_redis
-from infra.redis_conn import get_redis, pool_key, redis_url
+from infra.pool_workers import workers_key
+from infra.redis_conn import get_redis, redis_url
 from tenants import serve_status
 from tenants.demo import try_it
 from tenants.models import Pool
@@ -260,7 +261,7 @@ def _registered(pool: str) -> Callable[[int], bool]:
     """This process's engine host is in the pool's heartbeat set (ids embed the pid)."""
     def check(pid: int) -> bool:
         marker = f"-{pid}-"
-        members: list[bytes] = get_redis().zrange(pool_key("workers", pool), 0, -1)  # type: ignore[assignment]
+        members: list[bytes] = get_redis().zrange(workers_key(pool), 0, -1)  # type: ignore[assignment]
         return any(marker in m.decode() for m in members)
 
     return check

@@ -1,47 +1,22 @@
-"""The HTTP layer's one doorway to the serving core (``serving.submission``).
-
-Builds what ``submit`` needs from the authenticated principal and the parsed request (the
-tenant's and key's limits, sampling, the cache salt), so the consumers never assemble
-accounting objects themselves.
+"""A principal's request into the serving core: ``serving.submission.submit`` with the limits,
+weight and cache salt of the authenticated principal (a tenant split across cells gets this
+cell's share). The consumers take everything else (events, attach) from ``serving.submission``
+itself: there is one facade, that one.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any
 
 from django.conf import settings
 
 from gateway.inference.prices import unit_prices
-from gateway.inference.responses import UsageCounts
 from infra.redis_conn import get_async_redis
 from serving import cells
 from serving.admission import AdmissionLimits, RateLimitInfo, Reason
-from serving.submission import (
-    ErrorEvent,
-    Event,
-    FinishEvent,
-    Rejection,
-    Submission,
-    TokenEvent,
-    UsageInfo,
-    attach,
-    submit,
-)
+from serving.submission import Rejection, Submission, submit
+from serving.wire import SamplingParams
 from tenants.auth import Principal
-from workers.engine.base import SamplingParams
-
-__all__ = ["ErrorEvent", "Event", "FinishEvent", "Rejection", "Submission", "TokenEvent", "attach",
-           "dumps", "submit_request", "usage_counts"]
-
-
-def dumps(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":")).encode()
-
-
-def usage_counts(usage: UsageInfo) -> UsageCounts:
-    return UsageCounts(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
 
 
 async def submit_request(

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from gateway.inference.errors import ApiError, context_length_exceeded, invalid_request
 from gateway.inference.pools import ModelInfo
 from gateway.inference.requests import InferenceRequest
+from serving.tokenization import ChatTemplateError, load_tokenizer
 from tenants.limits import Limits
-from workers.tokenization import ChatTemplateError, load_tokenizer
 
 # Above this many characters, tokenizing moves off the event loop so one big prompt does not
 # stall every other stream this process is relaying.

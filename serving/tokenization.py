@@ -2,7 +2,7 @@
 
 Admission counts tokens with the engine's own tokenizer (the design's "tokenizer mismatch"
 failure mode), so the gateway and every engine load tokenizers here, through one code path:
-the simulated model's directory (``workers/assets/sim-model``, built by
+the simulated model's directory (``serving/assets/sim-model``, built by
 ``scripts/build_sim_tokenizer.py``) is laid out like a real model's, and a real model directory
 loads the same way.
 """
@@ -29,7 +29,7 @@ class ChatTemplateError(ValueError):
 
 def sim_model_dir() -> Path:
     """The built-in simulated model directory, from the installed package's data."""
-    return Path(str(resources.files("workers").joinpath(SIM_MODEL_DIR)))
+    return Path(str(resources.files("serving").joinpath(SIM_MODEL_DIR)))
 
 
 def load_tokenizer(path: str | None = None) -> HFTokenizer:
