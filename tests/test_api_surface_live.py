@@ -513,6 +513,50 @@ def test_agents_sdk_tool_using_agent_with_responses_model(live) -> None:
         assert len(seen) == 1 and isinstance(result.final_output, str) and result.final_output
 
 
+def test_agents_sdk_responses_model_agents_without_tools(live) -> None:
+    """The SDK's default model (Responses) sends ``tools: []`` for every agent without tools:
+    a plain agent and an agent with only an ``output_type`` both run."""
+    import agents
+    from agents import ModelSettings, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    sent: list[Any] = []
+
+    async def record(request: Any) -> None:
+        if request.url.path.endswith("/responses"):
+            sent.append(json.loads(request.content))
+
+    async def go(**options: Any) -> Any:
+        import httpx
+
+        http = httpx.AsyncClient(event_hooks={"request": [record]})
+        c = openai.AsyncOpenAI(base_url=live["url"] + "/v1", api_key=live["plain"],
+                               max_retries=0, http_client=http)
+        try:
+            agent = agents.Agent(
+                name="plain", instructions="Answer briefly.",
+                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=c),
+                model_settings=ModelSettings(max_tokens=300, temperature=0), **options)
+            return await agents.Runner.run(agent, "Describe a city.", max_turns=2)
+        finally:
+            await c.close()
+
+    plain = asyncio.run(go())
+    assert isinstance(plain.final_output, str) and plain.final_output
+    assert sent[-1]["tools"] == []  # what the SDK sends, accepted as no tools
+    typed = asyncio.run(go(output_type=City))
+    assert isinstance(typed.final_output, City) and typed.final_output.name
+    assert sent[-1]["tools"] == [] and sent[-1]["text"]["format"]["type"] == "json_schema"
+
+
+def test_empty_tools_is_no_tools_on_both_endpoints(live) -> None:
+    c = client(live)
+    reply = c.chat.completions.create(model=MODEL, messages=ASK, tools=[], max_tokens=5)
+    assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+    resp = c.responses.create(model=MODEL, input="Hi", tools=[], max_output_tokens=5)
+    assert resp.output_text and resp.tools == []
+
+
 # -- the Responses API with the official client ----------------------------------------------------
 
 

@@ -51,6 +51,14 @@ def test_tools_and_tool_choice_parse_to_plain_values() -> None:
     assert chat().tool_choice.mode == "none"
 
 
+def test_an_empty_tools_list_means_no_tools() -> None:
+    """OpenAI accepts ``tools: []`` (the Agents SDK sends it for every agent without tools)."""
+    for choice in (None, "auto", "none"):
+        req = chat(tools=[], tool_choice=choice)
+        assert req.tools == () and req.tool_choice.mode == "none"
+    assert refused(tools=[], tool_choice="required").param == "tool_choice"
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
