@@ -16,7 +16,7 @@ from gateway.inference.choices import Assembler
 from gateway.inference.errors import ApiError
 from gateway.inference.requests import parse_object
 from gateway.inference.responses import UsageCounts
-from gateway.inference.responses_api import ResponseBuilder, to_chat
+from gateway.inference.responses_api import ResponseBuilder, responses_param, to_chat
 from gateway.inference.toolparsers import PARSERS
 from workers.engine.simulated import SimConfig, SimulatedEngine
 from workers.host import pack_vectors
@@ -64,6 +64,17 @@ def test_responses_refusals_name_the_field(body: dict[str, Any], param: str) -> 
     with pytest.raises(ApiError) as info:
         to_chat(body)
     assert info.value.status == 400 and info.value.param == param
+
+
+@pytest.mark.parametrize(("chat_param", "param"), [
+    ("messages", "input"), ("messages[2].content", "input"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("response_format.json_schema.schema", "text.format.schema"),
+    ("tools[0].function.name", "tools[0].name"), ("temperature", "temperature"), (None, None),
+])
+def test_chat_parser_params_are_named_as_the_responses_client_sent_them(
+        chat_param: str | None, param: str | None) -> None:
+    assert responses_param(chat_param) == param
 
 
 def test_responses_stream_events_for_text_then_a_call() -> None:

@@ -557,6 +557,24 @@ def test_empty_tools_is_no_tools_on_both_endpoints(live) -> None:
     assert resp.output_text and resp.tools == []
 
 
+def test_the_developer_role_on_a_model_whose_template_lacks_it(live) -> None:
+    """The simulated model's template knows no ``developer`` role: it is rendered as
+    ``system`` (charged as such) on both endpoints, never refused."""
+    c = client(live)
+    asked = [{"role": "developer", "content": "Answer briefly."}, *ASK]
+    reply = c.chat.completions.create(model=MODEL, messages=asked, max_tokens=4)
+    assert reply.choices[0].message.content
+    as_system = [{"role": "system", "content": "Answer briefly."}, *ASK]
+    assert reply.usage.prompt_tokens == prompt_tokens(as_system)
+    resp = c.responses.create(model=MODEL, max_output_tokens=4, input=[
+        {"role": "developer", "content": "Answer briefly."}, *ASK])
+    assert resp.output_text and resp.usage.input_tokens == prompt_tokens(as_system)
+    # A refusal on /v1/responses names the field the client sent, never 'messages'.
+    with pytest.raises(openai.BadRequestError) as err:
+        c.responses.create(model=MODEL, input=[{"role": "narrator", "content": "x"}])
+    assert err.value.param == "input"
+
+
 # -- the Responses API with the official client ----------------------------------------------------
 
 

@@ -62,7 +62,12 @@ from gateway.inference.responses import (
     completion_body,
     models_body,
 )
-from gateway.inference.responses_api import ResponseBuilder, dumps_events, to_chat
+from gateway.inference.responses_api import (
+    ResponseBuilder,
+    dumps_events,
+    responses_param,
+    to_chat,
+)
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
@@ -545,6 +550,13 @@ class ResponsesConsumer(CompletionConsumer):
 
     kind: Kind = "chat"
     resumable = False
+
+    async def handle(self, body: bytes) -> None:
+        try:
+            await super().handle(body)
+        except ApiError as err:
+            err.param = responses_param(err.param)  # the chat field names as sent in Responses
+            raise
 
     def parse_request(self, data: dict[str, Any]) -> InferenceRequest:
         self.body_data = data

@@ -76,6 +76,27 @@ def to_chat(data: dict[str, Any]) -> dict[str, Any]:
     return chat
 
 
+def responses_param(param: str | None) -> str | None:
+    """The Responses field a chat parser's error is about: the client sent ``input``, never
+    ``messages``, so a 400 names what it sent (chat names it would not recognise mapped)."""
+    if param is None:
+        return None
+    if param.startswith("messages"):
+        return "input"
+    if param in ("max_completion_tokens", "max_tokens"):
+        return "max_output_tokens"
+    if param.startswith("response_format"):
+        return "text.format" + param.removeprefix("response_format").removeprefix(
+            ".json_schema")
+    if param == "logprobs":
+        return "top_logprobs"
+    if param.startswith("tools[") and ".function." in param:
+        return param.replace(".function.", ".", 1)
+    if param.startswith("tool_choice.function."):
+        return "tool_choice." + param.removeprefix("tool_choice.function.")
+    return param
+
+
 def _input_messages(value: Any) -> list[dict[str, Any]]:
     if value is None:
         raise invalid_request("Missing required parameter: 'input'.", param="input",
