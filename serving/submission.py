@@ -220,11 +220,14 @@ async def submit(
     prompt_token_ids: Sequence[int], sampling: SamplingParams, limits: AdmissionLimits,
     stream: bool, request_id: str | None = None, cache_salt: str | None = None,
     priority: int = 0, now: float | None = None, adapter: str | None = None,
+    end_user: str | None = None,
 ) -> Submission | Rejection:
     """Admit and enqueue one tokenized request (see the module docstring).
 
     ``limits``: ``AdmissionLimits.from_limits(principal.tenant_limits(m), principal.limits(m))``.
-    ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``.
+    ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``. ``end_user``: the
+    tenant's own id for its end user (``safety_identifier`` or ``user``), kept on the request
+    and written into its usage record.
     """
     rid = request_id or f"req-{uuid.uuid4().hex}"
     if not _RID.fullmatch(rid):
@@ -241,7 +244,7 @@ async def submit(
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
                "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
-               "adapter": adapter or ""},
+               "adapter": adapter or "", "end_user": end_user or ""},
     )
     if not isinstance(result, Admitted):
         return Rejection(rid, result.reason, result.scope, result.retry_after, result.rate_limit,

@@ -192,7 +192,8 @@ def test_usage_record_carries_counts_never_content(redis_client):
                event={"f": "length", "u": "{}"}, wfq_correction=False)
     record = json.loads(redis_client.lpop(usage_pending_key("p")))
     assert set(record) == {
-        "request_id", "tenant_id", "key_id", "model", "pool", "prompt_tokens", "cached_tokens",
+        "request_id", "tenant_id", "key_id", "model", "pool", "end_user", "prompt_tokens",
+        "cached_tokens",
         "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms", "status", "finish_reason",
         "error_code", "stream", "admitted_at_ms", "dispatched_at_ms", "first_token_at_ms",
         "settled_at_ms",

@@ -59,6 +59,7 @@ def test_a_responses_body_is_the_chat_body_it_means() -> None:
     ({"model": "m"}, "input"),
     ({"model": "m", "input": [{"type": "image_generation_call"}]}, "input[0].type"),
     ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"model": "m", "input": "x", "text": {"verbosity": "low"}}, "text.verbosity"),
 ])
 def test_responses_refusals_name_the_field(body: dict[str, Any], param: str) -> None:
     with pytest.raises(ApiError) as info:

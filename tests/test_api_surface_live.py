@@ -575,6 +575,30 @@ def test_the_developer_role_on_a_model_whose_template_lacks_it(live) -> None:
     assert err.value.param == "input"
 
 
+def test_safety_identifier_is_recorded_as_the_end_user(live, redis_client) -> None:
+    c = client(live)
+    reply = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, user="old-id",
+                                      safety_identifier="user-42", prompt_cache_key="conv-1")
+    assert wait_record(redis_client, rid_of(reply.id))["end_user"] == "user-42"
+    resp = c.responses.create(model=MODEL, input="Hi", max_output_tokens=3,
+                              safety_identifier="user-43", prompt_cache_key="conv-1")
+    assert resp.safety_identifier == "user-43" and resp.prompt_cache_key == "conv-1"
+    assert wait_record(redis_client, resp.id.removeprefix("resp_"))["end_user"] == "user-43"
+    legacy = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, user="old-id")
+    assert wait_record(redis_client, rid_of(legacy.id))["end_user"] == "old-id"
+    raw = c.embeddings.with_raw_response.create(model=EMBED, input="x", user="emb-user")
+    assert wait_record(redis_client, raw.headers["x-request-id"])["end_user"] == "emb-user"
+    bare = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3)
+    assert wait_record(redis_client, rid_of(bare.id))["end_user"] is None
+    # verbosity is refused like every unsupported parameter, naming itself, on both endpoints.
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, verbosity="low")
+    assert (err.value.param, err.value.code) == ("verbosity", "unsupported_parameter")
+    with pytest.raises(openai.BadRequestError) as err:
+        c.responses.create(model=MODEL, input="Hi", text={"verbosity": "low"})
+    assert err.value.param == "text.verbosity"
+
+
 # -- the Responses API with the official client ----------------------------------------------------
 
 

@@ -54,7 +54,13 @@ from gateway.inference.errors import (
     unavailable,
 )
 from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
-from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
+from gateway.inference.requests import (
+    InferenceRequest,
+    Kind,
+    end_user_id,
+    load_json_object,
+    parse_object,
+)
 from gateway.inference.responses import (
     ChunkTemplate,
     UsageCounts,
@@ -398,7 +404,7 @@ class CompletionConsumer(ApiConsumer):
         result = await facade.submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name,
             model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-            stream=req.stream, adapter=pool.adapter,
+            stream=req.stream, adapter=pool.adapter, end_user=end_user_id(req),
         )
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
@@ -523,7 +529,8 @@ class EmbeddingsConsumer(CompletionConsumer):
         result = await facade.submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name, model=req.model,
             prompt_token_ids=[t for p in prompts for t in p],
-            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter)
+            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter,
+            end_user=end_user_id(req))
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)

@@ -25,10 +25,13 @@ from gateway.inference.responses import UsageCounts
 
 # Fields accepted and ignored (they change nothing a stateless gateway does).
 IGNORED = frozenset({"metadata", "store", "truncation", "include", "reasoning", "service_tier",
-                     "prompt_cache_key", "safety_identifier", "background", "stream_options"})
+                     "background", "stream_options"})
 MAPPED = frozenset({"model", "input", "instructions", "tools", "tool_choice",
                     "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "stream",
-                    "text", "user", "top_logprobs", "previous_response_id"})
+                    "text", "user", "top_logprobs", "previous_response_id",
+                    "safety_identifier", "prompt_cache_key"})
+PASSED = ("temperature", "top_p", "stream", "user", "parallel_tool_calls", "safety_identifier",
+          "prompt_cache_key")
 FIELDS = IGNORED | MAPPED
 
 
@@ -58,7 +61,7 @@ def to_chat(data: dict[str, Any]) -> dict[str, Any]:
         messages.append({"role": "system", "content": fields["instructions"]})
     messages += _input_messages(fields.get("input"))
     chat["messages"] = messages
-    for name in ("temperature", "top_p", "stream", "user", "parallel_tool_calls"):
+    for name in PASSED:
         if name in fields:
             chat[name] = fields[name]
     if "max_output_tokens" in fields:
@@ -175,6 +178,9 @@ def _format(text: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(text, dict):
         raise _type_error("text", "an object")
+    if text.get("verbosity") is not None:
+        raise ApiError(400, "The parameter `text.verbosity` is not supported by this server.",
+                       param="text.verbosity", code="unsupported_parameter")
     fmt = text.get("format")
     if fmt is None:
         return None
@@ -232,6 +238,8 @@ class ResponseBuilder:
             "metadata": d.get("metadata") or {}, "store": False, "truncation": "disabled",
             "text": d.get("text") or {"format": {"type": "text"}},
             "usage": usage_body(usage), "user": d.get("user"),
+            "safety_identifier": d.get("safety_identifier"),
+            "prompt_cache_key": d.get("prompt_cache_key"),
         }
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
