@@ -177,6 +177,35 @@ def test_required_tool_calls_stream_in_openai_chunk_shape(live) -> None:
     assert chunks[-1].usage.prompt_tokens == prompt_tokens(ASK, [WEATHER, TIME])
 
 
+# Past the call's name, short of its end: the simulated tokenizer writes
+# '[{"name": "get_weather", "parameters": {' in 26 tokens (a named call: its arguments only).
+@pytest.mark.parametrize(("choice", "max_tokens"), [
+    ("required", 30), ({"type": "function", "function": {"name": "get_weather"}}, 6)])
+def test_a_tool_call_cut_by_max_tokens_streams_its_name_then_partial_arguments(
+        live, choice: Any, max_tokens: int) -> None:
+    """As OpenAI does: the function's name first, then argument fragments, and
+    ``finish_reason: "length"``; the whole answer shows the same partial call."""
+    c = client(live)
+    stream = c.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
+                                       tool_choice=choice, max_tokens=max_tokens, stream=True)
+    deltas, finishes = [], []
+    for chunk in stream:
+        if chunk.choices:
+            deltas += chunk.choices[0].delta.tool_calls or []
+            finishes += [chunk.choices[0].finish_reason] if chunk.choices[0].finish_reason \
+                else []
+    assert deltas and deltas[0].id and deltas[0].function.name == "get_weather"
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert arguments.startswith("{") and finishes == ["length"]
+    with pytest.raises(ValueError):
+        json.loads(arguments)  # cut short
+    whole = c.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
+                                      tool_choice=choice, max_tokens=max_tokens)
+    assert whole.choices[0].finish_reason == "length"
+    [call] = whole.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith("{")
+
+
 def test_sdk_stream_helper_accumulates_tool_calls(live) -> None:
     with client(live).chat.completions.stream(
             model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
