@@ -20,8 +20,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from gateway.inference.required_calls import RequiredCalls
 from gateway.inference.requests import InferenceRequest
+from gateway.inference.required_calls import RequiredCalls
 from gateway.inference.toolparsers import ToolCall, ToolParser, new_call_id, parse_required
 from workers.tokenization import HFTokenizer
 
