@@ -136,12 +136,15 @@ class Submission:
         """Whether the next stream entry is already here (the relay then batches its write)."""
         return self._sub is not None and self._sub.ready > 0
 
-    async def events(self, last_event_id: str = "0-0") -> AsyncIterator[Event]:
+    async def events(self, last_event_id: str = "0-0", *,
+                     first: str = "The first token") -> AsyncIterator[Event]:
         """Token events, then one FinishEvent or ErrorEvent. Resumable after ``last_event_id``.
 
         Deadlines run from admission: no token by ``ttft_deadline_s`` or no end by
         ``total_deadline_s`` yields ErrorEvent(ttft_deadline_exceeded | deadline_exceeded) and
         cancels the request (the engine aborts it; the worker bills the tokens it generated).
+        ``first`` names what the first deadline waits for in its message (an embeddings
+        request has no "first token").
         """
         got_token = last_event_id != "0-0"
         first_by = self._started + self.ttft_deadline_s
@@ -152,7 +155,7 @@ class Submission:
             while True:
                 entry = await sub.next_before(end_by if got_token else first_by)
                 if entry is None:
-                    yield await self._expire(ttft=not got_token)
+                    yield await self._expire(ttft=not got_token, first=first)
                     return
                 for event in _event(entry):
                     got_token = got_token or isinstance(event, TokenEvent)
@@ -161,11 +164,11 @@ class Submission:
                     self._ended = True
                     return
 
-    async def _expire(self, *, ttft: bool) -> ErrorEvent:
+    async def _expire(self, *, ttft: bool, first: str) -> ErrorEvent:
         code = "ttft_deadline_exceeded" if ttft else "deadline_exceeded"
         limit = self.ttft_deadline_s if ttft else self.total_deadline_s
         await self.cancel(code)
-        what = "The first token did not arrive" if ttft else "The response did not finish"
+        what = f"{first} did not arrive" if ttft else "The response did not finish"
         # A first-token timeout is congestion and may pass; a total timeout would recur.
         return ErrorEvent(code, f"{what} within {limit:g} s; the request was cancelled.",
                           retryable=ttft)

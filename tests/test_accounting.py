@@ -383,7 +383,16 @@ def test_ttft_deadline_yields_an_error_and_cancels(redis_client):
     events, took = arun(main())
     assert [type(e) for e in events] == [ErrorEvent] and 0.25 < took < 2
     assert events[0].code == "ttft_deadline_exceeded" and events[0].retryable
+    assert events[0].message.startswith("The first token did not arrive within 0.3 s")
     assert redis_client.hget(req_key("fp", "slow"), "state") == b"settled"
+
+    async def embedding() -> list[ErrorEvent]:
+        sub = await _submit("slow-embed", lim)
+        return [e async for e in sub.events(first="The embeddings")]  # type: ignore[misc]
+
+    # Worded for what the endpoint waits for: an embeddings request has no "first token".
+    [expired] = arun(embedding())
+    assert expired.message.startswith("The embeddings did not arrive within 0.3 s")
 
 
 def test_attach_finds_only_the_tenants_own_request(redis_client):

@@ -294,7 +294,8 @@ def test_another_tenants_private_model_is_unknown_on_v1(live) -> None:
             "Authorization": f"Bearer {world.plaintexts['other']}"}).json()
         return "sim-private" in {m["id"] for m in body["data"]}
 
-    procs.wait_until(listed_for_other, 10, "the gateway to read the new pool")
+    with procs.wedged_worker("private-pool", "private-w"):  # listed only while served
+        procs.wait_until(listed_for_other, 10, "the gateway to read the new pool")
     answers = []
     for model in ("sim-private", "no-such-model"):
         r = _post(live, "owner", {"model": model, "messages": LONG, "max_tokens": 1})

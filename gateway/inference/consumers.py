@@ -539,7 +539,7 @@ class EmbeddingsConsumer(CompletionConsumer):
         if self.disconnected.is_set():
             await result.cancel("client_disconnect")
         vectors: list[list[float]] = []
-        async for event in result.events():
+        async for event in result.events(first="The embeddings"):
             if isinstance(event, facade.TokenEvent):
                 vectors = embeddings.unpack(event.text)
             elif isinstance(event, facade.FinishEvent) and event.finish_reason == "stop":
