@@ -481,6 +481,24 @@ def test_langchain_bind_tools_structured_output_and_streaming(live) -> None:
     assert text
 
 
+def test_langchain_json_mode_follows_the_schema_in_the_prompt(live) -> None:
+    """LangChain's ``json_mode`` sends ``json_object`` and leaves the schema to the prompt; the
+    simulated model writes a document valid against the schema it finds there (a real model
+    reads the prompt), so the demo works with it, and with LangChain's format instructions."""
+    from langchain_core.output_parsers import PydanticOutputParser
+
+    llm = chat_model(live, max_tokens=400)
+    schema = json.dumps(City.model_json_schema())
+    city = llm.with_structured_output(City, method="json_mode").invoke([
+        ("system", f"Answer with one JSON object matching this schema:\n```json\n{schema}\n```"),
+        ("user", "Describe a city.")])
+    assert isinstance(city, City) and city.name
+    parser = PydanticOutputParser(pydantic_object=City)
+    answer = llm.bind(response_format={"type": "json_object"}).invoke(
+        "Describe a city.\n" + parser.get_format_instructions())
+    assert isinstance(parser.invoke(answer), City)
+
+
 def test_langchain_tool_loop_with_auto(live) -> None:
     """bind_tools with the default "auto": the model calls the tool, the loop runs it, and the
     model answers the result in text."""
