@@ -435,7 +435,7 @@ class CompletionConsumer(ApiConsumer):
         if needs_assembler(req):
             # The assembler needs the model's tool parser and tokenizer.
             pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
-                                     principal.allowed_model_names)
+                                     principal.allowed_model_names, served_only=False)
             self.pool = pool
         await Relay(self, req, found.events(last_id), {}, resumed=True).run()
 

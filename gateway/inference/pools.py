@@ -247,7 +247,9 @@ def _usable_by(cat: Catalog, model: str, tenant_id: int) -> bool:
 
 
 async def choose_pool(model: str, tenant_id: int, region: str,
-                      allowed: frozenset[str]) -> PoolInfo:
+                      allowed: frozenset[str], *, served_only: bool = True) -> PoolInfo:
+    """The pool for a new request. ``served_only``: only pools a live worker serves (a
+    resumed stream, already in Redis, needs none)."""
     cat = await catalog()
     pools: list[PoolInfo]
     if model in cat.models:
@@ -266,7 +268,7 @@ async def choose_pool(model: str, tenant_id: int, region: str,
         # The model exists but nothing serves it for this tenant right now: retry later.
         raise unavailable(f"No pool serves `{model}` in your region right now.", retry_after=5,
                           code="no_pool")
-    pools = await served(pools)
+    pools = await served(pools) if served_only else pools
     if not pools:
         # Configured, but no worker runs it: refused now, before anything is charged, rather
         # than queued until the first-token deadline.
