@@ -206,6 +206,19 @@ def test_a_tool_call_cut_by_max_tokens_streams_its_name_then_partial_arguments(
     assert call.function.name == "get_weather" and call.function.arguments.startswith("{")
 
 
+def test_a_cut_required_call_streams_on_the_responses_api_too(live) -> None:
+    """The same partial call, as a function_call item of an incomplete response."""
+    tools = [{"type": "function", "name": "get_weather",
+              "parameters": WEATHER["function"]["parameters"]}]
+    events = list(client(live).responses.create(
+        model=MODEL, input=ASK, tools=tools, tool_choice="required", max_output_tokens=30,
+        stream=True))
+    added = [e.item for e in events if e.type == "response.output_item.added"
+             and e.item.type == "function_call"]
+    assert [item.name for item in added] == ["get_weather"]
+    assert events[-1].type == "response.incomplete"
+
+
 def test_sdk_stream_helper_accumulates_tool_calls(live) -> None:
     with client(live).chat.completions.stream(
             model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
