@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 
 from gateway.env import (
     ImproperSetting,
@@ -24,6 +25,10 @@ from gateway.env import (
     env_str,
     require_production_secrets,
 )
+
+# Django's ModelForm, ModelAdmin... are generic in the type stubs only: this makes ModelForm[M]
+# valid at run time too, so modules can name the model they hold (mypy --strict asks for it).
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GATEWAY_VAR_DIR", str(BASE_DIR / "var")))

@@ -8,12 +8,16 @@ deleted meanwhile (the bill outlives the key), and the writer must never fail a 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from django.db import models
 
 from tenants.models import ApiKey, Tenant
 
+_M = TypeVar("_M", bound=models.Model)
 
-def _loose_fk(to: type[models.Model]) -> models.ForeignKey:
+
+def _loose_fk(to: type[_M]) -> models.ForeignKey[_M | None, _M | None]:
     return models.ForeignKey(
         to, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", null=True
     )

@@ -28,7 +28,7 @@ from typing import Any
 from django.db import transaction
 
 from infra.leased_queue import LeasedQueue
-from infra.redis_conn import get_redis
+from infra.redis_conn import get_redis, text
 from metering import metrics
 from metering.keys import (
     dead_key,
@@ -63,7 +63,7 @@ def flush(batch_size: int = BATCH_SIZE, max_batches: int = 100) -> FlushResult |
     right now (and there is a pool)."""
     client = get_redis()
     result, held = FlushResult(), 0
-    pools = sorted(p.decode() for p in client.smembers(pools_key()))
+    pools = sorted(text(p) for p in client.smembers(pools_key()))
     for pool in pools:
         held += not _flush_pool(client, _queue(pool), batch_size, max_batches, result)
     return None if pools and held == len(pools) else result
@@ -134,9 +134,9 @@ def record_from_json(data: Mapping[str, Any]) -> UsageRecord:
     """One settlement record -> an unsaved UsageRecord (fields as settle.lua writes them)."""
     finished = _time_ms(data, "settled_at") or _time(_first(data, "finished_at", default=None))
     started = _time_ms(data, "admitted_at") or _time(_first(data, "started_at", default=None))
-    started = started or finished
     if finished is None:
         raise ValueError("no finish time")
+    started = started or finished
     return UsageRecord(
         request_id=str(_first(data, "request_id", "rid"))[:64],
         tenant_id=int(data["tenant_id"]),

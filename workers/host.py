@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -556,6 +556,7 @@ class EngineHost:
         u = last.usage
         prompt, cached, out = (u.prompt_tokens, u.cached_prompt_tokens, u.output_tokens) if u \
             else (None, 0, None)
+        event: Mapping[str, str | int]  # a finish event carries its usage, an error event not
         if entry.broken:  # billed for what reached its stream (the delivered count)
             status, code, out = Status.ERROR, "stream_broken", None
             event = transport.error_event("stream_broken", "Part of the response was lost; "
@@ -580,7 +581,7 @@ class EngineHost:
 
     async def _settle(self, rid: str, status: str, finish_reason: str | None,
                       prompt: int | None, cached: int, output: int | None, *,
-                      error_code: str | None, event: dict[str, Any]) -> bool:
+                      error_code: str | None, event: Mapping[str, str | int]) -> bool:
         """Queue the settle behind this request's last tokens, in the next step's pipeline."""
         keys, args = settlement.settle_call(
             self.spec.name, rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt,
@@ -676,7 +677,7 @@ class EngineHost:
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
 
     async def _on_cancel(self, data: bytes | str) -> None:
         text = data.decode() if isinstance(data, bytes) else data

@@ -69,8 +69,8 @@ def developer_role_of(chat_template: str | None) -> str:
 def _token_text(value: Any) -> str | None:
     # tokenizer_config.json stores special tokens as strings or as AddedToken dicts.
     if isinstance(value, dict):
-        return value.get("content")
-    return value
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def _raise_exception(message: str) -> None:

@@ -48,17 +48,21 @@ def permission_name(model: type[Model], method: str) -> str:
 
 def has_platform_perm(request: Request, model: type[Model], method: str | None = None) -> bool:
     user = staff_user(request)
-    return user is not None and user.has_perm(permission_name(model, method or request.method))
+    return user is not None and user.has_perm(
+        permission_name(model, method or request.method or "GET"))
 
 
 def role_in(request: Request, tenant: Tenant) -> str | None:
     token = token_of(request)
     if token is not None:
         return token.role if token.tenant_id == tenant.pk else None
-    role = (Membership.objects.filter(user_id=request.user.pk, tenant=tenant)
+    uid = request.user.pk
+    if uid is None:  # signed out: no memberships
+        return None
+    role = (Membership.objects.filter(user_id=uid, tenant=tenant)
             .values_list("role", flat=True).first())
     if role is None and staff_user(request) is not None:
-        role = (StaffGrant.objects.active().filter(user_id=request.user.pk, tenant=tenant)
+        role = (StaffGrant.objects.active().filter(user_id=uid, tenant=tenant)
                 .values_list("role", flat=True).first())
     return role
 
@@ -68,10 +72,12 @@ def tenant_ids(request: Request) -> list[int]:
     token = token_of(request)
     if token is not None:
         return [token.tenant_id]
-    ids = set(Membership.objects.filter(user_id=request.user.pk).values_list("tenant_id",
-                                                                             flat=True))
+    uid = request.user.pk
+    if uid is None:  # signed out: no memberships
+        return []
+    ids = set(Membership.objects.filter(user_id=uid).values_list("tenant_id", flat=True))
     if staff_user(request) is not None:
-        ids |= set(StaffGrant.objects.active().filter(user_id=request.user.pk)
+        ids |= set(StaffGrant.objects.active().filter(user_id=uid)
                    .values_list("tenant_id", flat=True))
     return sorted(ids)
 

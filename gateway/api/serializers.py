@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
+from metering.billing.reports import Report
 from metering.models import UsageRecord, UsageRollup
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
@@ -25,7 +27,7 @@ from tenants.models import (
 )
 
 
-class TenantSerializer(serializers.ModelSerializer):
+class TenantSerializer(serializers.ModelSerializer[Tenant]):
     class Meta:
         model = Tenant
         fields = ["id", "name", "slug", "status", "tier", "region", "home_cell", "extra_cells",
@@ -44,11 +46,12 @@ class TenantSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class ApiKeySerializer(serializers.ModelSerializer):
+class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
     allowed_models = serializers.SlugRelatedField(
         many=True, slug_field="name", queryset=ServedModel.objects.all(), required=False
     )
-    created_by = serializers.StringRelatedField(allow_null=True)  # None: made by a token
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField(
+        allow_null=True)  # None: made by a token
 
     class Meta:
         model = ApiKey
@@ -78,11 +81,11 @@ class NewApiKeySerializer(ApiKeySerializer):
         fields = [*ApiKeySerializer.Meta.fields, "key"]
 
 
-class RotateSerializer(serializers.Serializer):
+class RotateSerializer(serializers.Serializer[dict[str, Any]]):
     grace_seconds = serializers.IntegerField(min_value=0, max_value=90 * 86400, default=86400)
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(serializers.ModelSerializer[Membership]):
     user = serializers.CharField(source="user.username", read_only=True)
     email = serializers.EmailField(source="user.email", read_only=True)
 
@@ -92,11 +95,12 @@ class MembershipSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
 
-class InvitationSerializer(serializers.ModelSerializer):
+class InvitationSerializer(serializers.ModelSerializer[Invitation]):
     """An invitation. Creating one emails its link; the answer is the same whether or not the
     address belongs to an account."""
 
-    invited_by = serializers.StringRelatedField(allow_null=True)
+    invited_by: serializers.StringRelatedField[User] = serializers.StringRelatedField(
+        allow_null=True)
 
     class Meta:
         model = Invitation
@@ -104,8 +108,9 @@ class InvitationSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "invited_by", "created_at", "expires_at"]
 
 
-class ManagementTokenSerializer(serializers.ModelSerializer):
-    created_by = serializers.StringRelatedField(allow_null=True)
+class ManagementTokenSerializer(serializers.ModelSerializer[ManagementToken]):
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField(
+        allow_null=True)
     active = serializers.SerializerMethodField(
         help_text="Usable now: not revoked, not expired, and its maker still an owner.")
 
@@ -119,7 +124,7 @@ class ManagementTokenSerializer(serializers.ModelSerializer):
         return token.pk in self.context.get("usable", ())
 
 
-class QuotaSerializer(serializers.ModelSerializer):
+class QuotaSerializer(serializers.ModelSerializer[Quota]):
     model = serializers.SlugRelatedField(
         slug_field="name", queryset=ServedModel.objects.all(), allow_null=True, required=False
     )
@@ -129,7 +134,7 @@ class QuotaSerializer(serializers.ModelSerializer):
         exclude = ["tenant"]
 
 
-class UsageRecordSerializer(serializers.ModelSerializer):
+class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
     class Meta:
         model = UsageRecord
         fields = ["request_id", "api_key", "model_name", "pool_name", "prompt_tokens",
@@ -137,14 +142,14 @@ class UsageRecordSerializer(serializers.ModelSerializer):
                   "status", "finish_reason", "error_code", "stream", "started_at", "finished_at"]
 
 
-class UsageRollupSerializer(serializers.ModelSerializer):
+class UsageRollupSerializer(serializers.ModelSerializer[UsageRollup]):
     class Meta:
         model = UsageRollup
         fields = ["hour", "api_key", "model_name", "requests", "errors", "prompt_tokens",
                   "cached_tokens", "completion_tokens", "ttft_ms_sum", "total_ms_sum"]
 
 
-class ReportRowSerializer(serializers.Serializer):
+class ReportRowSerializer(serializers.Serializer[dict[str, Any]]):
     tenant = serializers.CharField()
     key = serializers.CharField()
     model = serializers.CharField()
@@ -160,7 +165,7 @@ class ReportRowSerializer(serializers.Serializer):
     priced = serializers.BooleanField()
 
 
-class ReportSerializer(serializers.Serializer):
+class ReportSerializer(serializers.Serializer[Report]):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     group_by = serializers.ListField(child=serializers.CharField())
@@ -168,7 +173,7 @@ class ReportSerializer(serializers.Serializer):
     totals = ReportRowSerializer(many=True)
 
 
-class ExportJobSerializer(serializers.ModelSerializer):
+class ExportJobSerializer(serializers.ModelSerializer[ExportJob]):
     progress = serializers.IntegerField(read_only=True)
 
     class Meta:
@@ -179,7 +184,7 @@ class ExportJobSerializer(serializers.ModelSerializer):
                             "created_at", "finished_at"]
 
 
-class SpendAlertSerializer(serializers.ModelSerializer):
+class SpendAlertSerializer(serializers.ModelSerializer[SpendAlert]):
     webhook_secret = serializers.SerializerMethodField(
         help_text="Signs deliveries (X-Gateway-Signature). Returned once, in the answer that "
         "set the first webhook URL; null ever after.")
@@ -200,14 +205,14 @@ class SpendAlertSerializer(serializers.ModelSerializer):
         return value
 
 
-class AlertEventSerializer(serializers.ModelSerializer):
+class AlertEventSerializer(serializers.ModelSerializer[AlertEvent]):
     class Meta:
         model = AlertEvent
         fields = ["id", "alert", "period", "value", "emailed", "webhook_status", "suspended",
                   "fired_at"]
 
 
-class ServedModelSerializer(serializers.ModelSerializer):
+class ServedModelSerializer(serializers.ModelSerializer[ServedModel]):
     class Meta:
         model = ServedModel
         fields = ["id", "name", "engine_model_id", "tokenizer_path", "max_model_len",
@@ -216,7 +221,7 @@ class ServedModelSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
 
-class PublicModelSerializer(serializers.ModelSerializer):
+class PublicModelSerializer(serializers.ModelSerializer[ServedModel]):
     """What a tenant needs to call a model; engine ids and tokenizer paths stay with staff."""
 
     class Meta:
@@ -225,7 +230,7 @@ class PublicModelSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PoolSerializer(serializers.ModelSerializer):
+class PoolSerializer(serializers.ModelSerializer[Pool]):
     model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
     dedicated_to = serializers.SlugRelatedField(
         slug_field="slug", queryset=Tenant.objects.all(), allow_null=True, required=False
@@ -239,10 +244,11 @@ class PoolSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
 
-class PublicPoolSerializer(serializers.ModelSerializer):
+class PublicPoolSerializer(serializers.ModelSerializer[Pool]):
     """A pool as a tenant sees it: no backend settings (they may hold upstream credentials)."""
 
-    model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    model: serializers.SlugRelatedField[ServedModel] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
 
     class Meta:
         model = Pool
@@ -250,21 +256,22 @@ class PublicPoolSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PriceSerializer(serializers.ModelSerializer):
+class PriceSerializer(serializers.ModelSerializer[Price]):
     class Meta:
         model = Price
         fields = ["id", "model_name", "currency", "input_per_mtok", "cached_input_per_mtok",
                   "output_per_mtok", "effective_from"]
 
 
-class ContentLoggingChangeSerializer(serializers.Serializer):
+class ContentLoggingChangeSerializer(serializers.Serializer[dict[str, Any]]):
     enabled = serializers.BooleanField()
     # None when a management token (no user) made the change.
-    changed_by = serializers.StringRelatedField(allow_null=True)
+    changed_by: serializers.StringRelatedField[User] = serializers.StringRelatedField(
+        allow_null=True)
     changed_at = serializers.DateTimeField()
 
 
-class ContentLoggingSerializer(serializers.Serializer):
+class ContentLoggingSerializer(serializers.Serializer[dict[str, Any]]):
     enabled = serializers.BooleanField(help_text="Store prompts and responses (encrypted).")
     retention_days = serializers.IntegerField(read_only=True, allow_null=True)
     changes = ContentLoggingChangeSerializer(many=True, read_only=True)

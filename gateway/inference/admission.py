@@ -40,8 +40,8 @@ def _encode(req: InferenceRequest, model: ModelInfo) -> list[int]:
             raise invalid_request(f"The messages do not fit this model's chat template: {exc}",
                                   param="messages", code="invalid_value") from None
     if isinstance(req.prompt, tuple):
-        vocab = getattr(tokenizer, "vocab_size", None)
-        if vocab is not None and any(t >= vocab for t in req.prompt):
+        vocab = tokenizer.vocab_size
+        if any(t >= vocab for t in req.prompt):
             raise invalid_request(f"Token ids must be below the vocabulary size ({vocab}).",
                                   param="prompt", code="invalid_value")
         return list(req.prompt)

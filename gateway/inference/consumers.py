@@ -66,7 +66,7 @@ from gateway.inference.responses import (
     UsageCounts,
     choices_body,
     completion_body,
-    models_body,
+    model_entries,
 )
 from gateway.inference.responses_api import (
     ResponseBuilder,
@@ -93,10 +93,15 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
-class ApiConsumer(AsyncHttpConsumer):
+# channels ships no type information: its consumer base class is Any to mypy.
+class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
     """Body reading, disconnect watching and error answers shared by every endpoint."""
 
     methods: tuple[str, ...] = ("POST",)
+    # The task ending the response when this process shuts down (set by ``_stop_soon``, from
+    # the shutdown hook). A class default, not set in __call__: as_asgi() makes an instance
+    # per request, and mypy would otherwise take it for None after __call__ assigned it.
+    _stopping: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         self.scope = scope
@@ -115,7 +120,6 @@ class ApiConsumer(AsyncHttpConsumer):
             return  # gone before it finished sending
         handler = asyncio.create_task(self._run(body))
         watcher = asyncio.create_task(self._watch(receive))
-        self._stopping: asyncio.Task[None] | None = None
         hook = functools.partial(self._stop_soon, handler)
         shutdown.subscribe(hook)
         try:
@@ -212,6 +216,8 @@ class ApiConsumer(AsyncHttpConsumer):
         await cells.forward(self.scope, body, wrong, send)
 
     def header(self, name: bytes) -> str | None:
+        key: bytes
+        value: bytes
         for key, value in self.scope.get("headers", ()):
             if key.lower() == name:
                 return value.decode("latin-1")
@@ -285,11 +291,11 @@ class ModelsConsumer(ApiConsumer):
                                       principal.allowed_model_names)
         created = {m.name: m.created for m in models}
         wanted = self.scope.get("url_route", {}).get("kwargs", {}).get("model")
-        listing = models_body(sorted(created), created, principal.tenant_slug)
+        entries = model_entries(sorted(created), created, principal.tenant_slug)
         if wanted is None:
-            await self.send_json(200, facade.dumps(listing))
+            await self.send_json(200, facade.dumps({"object": "list", "data": entries}))
             return
-        for entry in listing["data"]:  # type: ignore[union-attr]
+        for entry in entries:
             if entry["id"] == wanted:
                 await self.send_json(200, facade.dumps(entry))
                 return

@@ -154,7 +154,8 @@ def _tool_schemas() -> dict[str, Any]:
     }
 
 
-def _request(fields: frozenset[str], extra: dict[str, Any], required: list[str]) -> dict:
+def _request(fields: frozenset[str], extra: dict[str, Any],
+             required: list[str]) -> dict[str, Any]:
     props = {k: v for k, v in _common_properties().items() if k in fields}
     props.update(extra)
     assert set(props) == set(fields), set(props) ^ set(fields)  # the parser is the authority
@@ -347,7 +348,8 @@ def _post(summary: str, request: str, response: str) -> dict[str, Any]:
     }}
 
 
-def _get(summary: str, response: str, params: list[dict[str, Any]] | None = None) -> dict:
+def _get(summary: str, response: str,
+         params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary, "security": [{"apiKey": []}],
         "responses": {"200": {"description": "OK", "content": {

@@ -20,7 +20,7 @@ from django.db import DatabaseError, InterfaceError
 
 from gateway.inference.errors import model_not_found, unavailable
 from gateway.orm import in_thread
-from infra.redis_conn import get_async_redis, pool_key
+from infra.redis_conn import get_async_redis, pool_key, text
 from serving import availability
 from serving.availability import live_pools
 from tenants.models import Pool, ServedModel
@@ -150,7 +150,7 @@ async def advertised_window(pool: str) -> int | None:
     if wids:
         pipe = client.pipeline(transaction=False)
         for wid in wids:
-            pipe.hget(pool_key("worker", pool, wid.decode(), "load"), "max_model_len")
+            pipe.hget(pool_key("worker", pool, text(wid), "load"), "max_model_len")
         windows = [int(v) for v in await pipe.execute() if v]
     window = min(windows) if windows else None
     _windows[pool] = (now, window)

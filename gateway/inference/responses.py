@@ -124,11 +124,8 @@ class ChunkTemplate:
         return self._head + b',"choices":[],"usage":' + body + b"}"
 
 
-def models_body(names: list[str], created: Mapping[str, int], owner: str) -> dict[str, object]:
-    return {
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": created.get(name, 0), "owned_by": owner}
-            for name in names
-        ],
-    }
+def model_entries(names: list[str], created: Mapping[str, int],
+                  owner: str) -> list[dict[str, object]]:
+    """The /v1/models entries; the listing is ``{"object": "list", "data": entries}``."""
+    return [{"id": name, "object": "model", "created": created.get(name, 0), "owned_by": owner}
+            for name in names]

@@ -351,7 +351,8 @@ class ResponseBuilder:
 
 
 def sse_event(event: dict[str, Any]) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + facade.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + facade.dumps(event) + b"\n\n"
 
 
 def dumps_events(events: list[dict[str, Any]]) -> bytes:

@@ -43,7 +43,7 @@ Credential = tuple[tuple[tuple[str, str], ...], str | None]
 class _Stream:
     credential: Credential
     on_revoked: OnRevoked
-    checked_under: bytes | None = None
+    checked_under: bytes | str | None = None  # redis-py types a GET's reply as either
 
 
 @dataclass
@@ -98,7 +98,7 @@ async def _run(watch: _Watch, loop_id: int) -> None:
             del _watches[loop_id]
 
 
-async def _recheck(watch: _Watch, epoch: bytes) -> None:
+async def _recheck(watch: _Watch, epoch: bytes | str) -> None:
     due = [s for s in list(watch.streams.values()) if s.checked_under != epoch]
     verdicts: dict[Credential, AuthError | None] = {}
     for stream in due:

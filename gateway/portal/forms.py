@@ -8,6 +8,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import UserCreationForm
+from django.contrib.auth.models import User
 from django.core.validators import MaxValueValidator
 from django.utils import timezone
 
@@ -42,7 +43,9 @@ class KeyForm(forms.Form):
     def __init__(self, *args: Any, tenant: Tenant, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tenant = tenant
-        self.fields["allowed_models"].queryset = models_for(tenant)
+        allowed = self.fields["allowed_models"]
+        assert isinstance(allowed, forms.ModelMultipleChoiceField)
+        allowed.queryset = models_for(tenant)
 
     def clean_expires_at(self) -> datetime | None:
         value = self.cleaned_data.get("expires_at")
@@ -51,7 +54,8 @@ class KeyForm(forms.Form):
         return value
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         for field, message in key_cap_errors(self.caps(), quota_table(self.tenant)).items():
             self.add_error(field, message)
         return data
@@ -87,13 +91,14 @@ class ReportForm(forms.Form):
     format = forms.ChoiceField(choices=[("csv", "CSV"), ("xlsx", "Excel (XLSX)")])
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("start") and data.get("end") and data["end"] <= data["start"]:
             raise forms.ValidationError("The end must come after the start.")
         return data
 
 
-class AlertForm(forms.ModelForm):
+class AlertForm(forms.ModelForm[SpendAlert]):
     webhook_url = forms.URLField(required=False, assume_scheme="https",
                                  help_text="Optional: POSTed a JSON body on firing.")
 
@@ -104,9 +109,11 @@ class AlertForm(forms.ModelForm):
 
     def __init__(self, *args: Any, tenant: Tenant, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["api_key"].queryset = ApiKey.objects.filter(tenant=tenant).usable()
-        self.fields["api_key"].required = False
-        self.fields["api_key"].empty_label = "Whole tenant"
+        api_key = self.fields["api_key"]
+        assert isinstance(api_key, forms.ModelChoiceField)
+        api_key.queryset = ApiKey.objects.filter(tenant=tenant).usable()
+        api_key.required = False
+        api_key.empty_label = "Whole tenant"
         self.fields["currency"].required = False
         self.fields["currency"].help_text = "Money alerts: the threshold's currency (ISO code)."
 
@@ -128,6 +135,7 @@ class TokenForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         field = self.fields["expires_in_days"]
+        assert isinstance(field, forms.IntegerField)
         field.initial = settings.MANAGEMENT_TOKEN_DEFAULT_DAYS
         field.max_value = settings.MANAGEMENT_TOKEN_MAX_DAYS
         field.validators.append(MaxValueValidator(settings.MANAGEMENT_TOKEN_MAX_DAYS))
@@ -139,7 +147,7 @@ class InviteForm(forms.Form):
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
 
 
-class AcceptInvitationForm(UserCreationForm):
+class AcceptInvitationForm(UserCreationForm[User]):
     """A new account for an invitee; the email is the invited address."""
 
     class Meta(UserCreationForm.Meta):

@@ -5,9 +5,10 @@ statements; add a new price from the next hour instead)."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import admin
+from django.db.models import Model
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
@@ -19,13 +20,15 @@ from metering.billing.reports import build_report
 from tenants.admin import TenantAdmin
 from tenants.models import Tenant
 
+_M = TypeVar("_M", bound=Model)
 
-class NoDelete(admin.ModelAdmin):
+
+class NoDelete(admin.ModelAdmin[_M]):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
-class ReadOnly(NoDelete):
+class ReadOnly(NoDelete[_M]):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -34,7 +37,7 @@ class ReadOnly(NoDelete):
 
 
 @admin.register(Price)
-class PriceAdmin(NoDelete):
+class PriceAdmin(NoDelete[Price]):
     list_display = ("model_name", "effective_from", "currency", "input_per_mtok",
                     "cached_input_per_mtok", "output_per_mtok")
     list_filter = ("currency", "model_name")
@@ -45,7 +48,7 @@ class PriceAdmin(NoDelete):
 
 
 @admin.register(SpendAlert)
-class SpendAlertAdmin(admin.ModelAdmin):
+class SpendAlertAdmin(admin.ModelAdmin[SpendAlert]):
     list_display = ("tenant", "api_key", "metric", "period", "threshold_display", "hard_cap",
                     "enabled", "last_fired_period")
     list_filter = ("metric", "period", "hard_cap", "enabled", "tenant")
@@ -59,7 +62,7 @@ class SpendAlertAdmin(admin.ModelAdmin):
 
 
 @admin.register(AlertEvent)
-class AlertEventAdmin(ReadOnly):
+class AlertEventAdmin(ReadOnly[AlertEvent]):
     list_display = ("alert", "period", "value_display", "emailed", "webhook_status", "suspended",
                     "fired_at")
     list_filter = ("alert__tenant",)
@@ -71,7 +74,7 @@ class AlertEventAdmin(ReadOnly):
 
 
 @admin.register(ExportJob)
-class ExportJobAdmin(ReadOnly):
+class ExportJobAdmin(ReadOnly[ExportJob]):
     list_display = ("id", "tenant", "start", "end", "format", "status", "rows_done", "rows_total",
                     "created_at")
     list_filter = ("status", "format", "tenant")

@@ -100,7 +100,7 @@ class Report:
 
     def table(self) -> Iterator[list[object]]:
         """Header, rows, then the totals rows labelled TOTAL."""
-        yield self.columns
+        yield [*self.columns]
         for row in self.rows:
             yield self.cells(row)
         for total in self.totals:
@@ -161,22 +161,30 @@ def build_report(
     return Report(floor_hour(start), ceil_hour(end), tuple(group_by), rows, _totals(rows))
 
 
+def _id(value: object) -> int | None:
+    """A tenant or key id of a group's key (None: usage made with no key)."""
+    return value if isinstance(value, int) else None
+
+
 def _label(
     groups: dict[tuple[object, ...], ReportRow], group_by: tuple[str, ...]
 ) -> list[ReportRow]:
     """Fill in tenant and key names (two queries) and sort the rows for reading."""
     position = {g: i for i, g in enumerate(group_by)}
-    tenant_ids = {k[position["tenant"]] for k in groups} if "tenant" in position else set()
-    key_ids = {k[position["key"]] for k in groups} if "key" in position else set()
-    tenants = dict(Tenant.objects.filter(id__in=tenant_ids - {None}).values_list("id", "slug"))
-    keys = {k.id: f"{k.name} ({k.masked})" for k in ApiKey.objects.filter(id__in=key_ids - {None})}
+    tenant_ids = {_id(k[position["tenant"]]) for k in groups} if "tenant" in position else set()
+    key_ids = {_id(k[position["key"]]) for k in groups} if "key" in position else set()
+    tenants: dict[int | None, str] = dict(Tenant.objects.filter(
+        id__in={i for i in tenant_ids if i is not None}).values_list("id", "slug"))
+    keys: dict[int | None, str] = {
+        k.id: f"{k.name} ({k.masked})" for k in ApiKey.objects.filter(
+            id__in={i for i in key_ids if i is not None})}
     for ident, row in groups.items():
         if "tenant" in position:
-            tid = ident[position["tenant"]]
+            tid = _id(ident[position["tenant"]])
             row.tenant = tenants.get(tid, f"(deleted tenant #{tid})")
         if "key" in position:
-            kid = ident[position["key"]]
-            row.key_id = kid  # type: ignore[assignment]
+            kid = _id(ident[position["key"]])
+            row.key_id = kid
             row.key = "(no key)" if kid is None else keys.get(kid, f"(deleted key #{kid})")
         if "model" in position:
             row.model = str(ident[position["model"]])
@@ -255,7 +263,8 @@ def write_xlsx(report: Report, out: IO[bytes]) -> None:
         row = all_rows[index - 1] if index else None
         out_cells = []
         for position, value in enumerate(safe_row(cells)):
-            cell = WriteOnlyCell(sheet, value=value)
+            # The stubs allow str | float | datetime | None; openpyxl writes Decimal amounts too.
+            cell = WriteOnlyCell(sheet, value=value)  # type: ignore[arg-type]
             if row is not None and isinstance(value, int | Decimal):
                 cell.number_format = (_money_format(row.currency) if position == cost_at
                                       else INT_FORMAT)

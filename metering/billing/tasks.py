@@ -30,7 +30,7 @@ def check_spend_alerts() -> int:
 
 @shared_task(name="billing.deliver_webhook", bind=True, ignore_result=True, max_retries=None,
              acks_late=False)
-def deliver_webhook(self: Task, event_id: int) -> str | None:
+def deliver_webhook(self: Task[[int], str | None], event_id: int) -> str | None:
     outcome = alerts.deliver(event_id)
     if outcome is None or outcome.final:
         return outcome.status if outcome else None
@@ -45,7 +45,7 @@ def retry_delay(attempt: int) -> float:
     """Exponential backoff with full jitter: base * 2^(attempt-1), capped, times U(0.5, 1)."""
     import random
 
-    ceiling = min(settings.WEBHOOK_RETRY_BASE_SECONDS * 2 ** (attempt - 1), 3600.0)
+    ceiling = min(settings.WEBHOOK_RETRY_BASE_SECONDS * 2.0 ** (attempt - 1), 3600.0)
     return ceiling * random.uniform(0.5, 1.0)
 
 

@@ -35,7 +35,7 @@ import random
 import re
 from array import array
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from heapq import heappop, heappush
@@ -285,7 +285,8 @@ class _Seq:
         "waiter",
     )
 
-    def __init__(self, req: EngineRequest, arrival: int, eos: int | None, fault: Fault | None):
+    def __init__(self, req: EngineRequest, arrival: int, eos: int | None, fault: Fault | None,
+                 detok: IncrementalDetokenizer) -> None:
         sp = req.sampling
         self.req = req
         self.arrival = arrival
@@ -312,7 +313,7 @@ class _Seq:
         self.sink: Callable[[TokenDelta], None] | None = None
         self.result: asyncio.Future[TokenDelta] | None = None
         self.rng: Callable[[], float] | None = None
-        self.detok: IncrementalDetokenizer | None = None
+        self.detok = detok
         self.finish_len = 0
         # Structured outputs: the document's token ids still to emit (None: unconstrained).
         self.forced: deque[int] | None = None
@@ -375,7 +376,7 @@ class SimulatedEngine(Engine):
                 await self._task
             self._task = None
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         seq = self._submit(request)
         loop = asyncio.get_running_loop()
         try:
@@ -466,7 +467,7 @@ class SimulatedEngine(Engine):
         fault = Fault("error") if req.request_id in self.config.fail_request_ids else None
         if fault is None and self.config.faults is not None:
             fault = self.config.faults(req)
-        seq = _Seq(req, self._arrivals, self._tok.eos_token_id, fault)
+        seq = _Seq(req, self._arrivals, self._tok.eos_token_id, fault, self._tok.detokenizer())
         self._arrivals += 1
         seed = req.sampling.seed if req.sampling.seed is not None else self.config.seed
         if req.sampling.temperature > 0:
@@ -475,7 +476,6 @@ class SimulatedEngine(Engine):
             seq.forced = self._document(req, seed)
         elif req.sampling.may_call_tools:
             seq.forced = self._tool_call(req, seed)
-        seq.detok = self._tok.detokenizer()
         seq.finish_len = min(seq.prompt_len + req.sampling.max_tokens, self.config.max_model_len)
         self._seqs[req.request_id] = seq
         heappush(self._waiting, (req.priority, seq.arrival, seq))
@@ -826,10 +826,10 @@ class SimulatedEngine(Engine):
                 item = EngineError(f"stream callback failed: {exc}", retryable=True,
                                    usage=seq.usage())
         if not result.done():
-            if type(item) is TokenDelta:
-                result.set_result(item)
-            else:
+            if isinstance(item, EngineError):
                 result.set_exception(item)
+            else:
+                result.set_result(item)
 
     def _release(self, seq: _Seq, unlist: bool = True) -> None:
         """Take the sequence out of the engine and free its KV blocks (now, not next step).

@@ -38,7 +38,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -349,7 +349,7 @@ class UpstreamEngine(Engine):
             raise EngineError("the upstream engine is not started", retryable=True)
         return body, _Tally(request, body["max_tokens"])
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         body, tally = self._prepare(request)
         # aclosing: a consumer that stops early closes the relay now, which cancels the pump.
         relay = self._streams.relay(request.request_id,

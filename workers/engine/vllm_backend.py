@@ -50,7 +50,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,12 +312,16 @@ def to_vllm(call: GenerateCall) -> tuple[Any, Any, Any]:
 
             kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
         except ImportError:
-            from vllm.sampling_params import GuidedDecodingParams
+            # Gone from the vLLM these stubs come from; present in the versions that lack the above.
+            from vllm.sampling_params import GuidedDecodingParams  # type: ignore[attr-defined]
 
             kwargs["guided_decoding"] = GuidedDecodingParams(**structured)
     params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
     lora = LoRARequest(**call.lora) if call.lora else None
-    return TokensPrompt(**call.prompt), params, lora
+    prompt = TokensPrompt(prompt_token_ids=call.prompt["prompt_token_ids"])
+    if "cache_salt" in call.prompt:
+        prompt["cache_salt"] = call.prompt["cache_salt"]
+    return prompt, params, lora
 
 
 def token_logprobs(token_ids: Any, logprobs: Any, k: int | None
@@ -350,10 +354,10 @@ class LoadSink:
             return
         self.running = int(getattr(scheduler_stats, "num_running_reqs", 0))
         self.waiting = int(getattr(scheduler_stats, "num_waiting_reqs", 0))
-        usage = getattr(scheduler_stats, "kv_cache_usage", None)
+        usage: float | None = getattr(scheduler_stats, "kv_cache_usage", None)
         if usage is None:  # the field's name before vLLM 0.10
-            usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
-        self.kv_usage = float(usage)
+            usage = float(getattr(scheduler_stats, "gpu_cache_usage", 0.0))
+        self.kv_usage = usage
         self.seen = True
 
 
@@ -361,7 +365,7 @@ def stat_logger_factory(sink: LoadSink) -> Callable[..., Any]:
     """A vLLM ``StatLoggerFactory`` whose loggers copy scheduler stats into ``sink``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _SinkLogger(StatLoggerBase):  # type: ignore[misc]
+    class _SinkLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 
@@ -535,7 +539,7 @@ class VLLMEngine(Engine):
             self._dead = "the vLLM engine core died"
         return self._dead
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         call = build_generate_call(request, self.settings, self.catalog, self._tok.vocab_size,
                                    self._broken)
         if call.lora is not None:

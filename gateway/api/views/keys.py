@@ -21,7 +21,7 @@ from tenants.models import ApiKey
 
 
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                    mixins.DestroyModelMixin, TenantScoped):
+                    mixins.DestroyModelMixin, TenantScoped[ApiKey]):
     """API keys. DELETE revokes; POST .../rotate/ issues a successor with a grace period."""
 
     capability = "keys"

@@ -25,7 +25,7 @@ class RollupPagination(UsagePagination):
 
 
 @extend_schema_view(list=extend_schema(parameters=USAGE_PARAMS))
-class UsageRecordViewSet(mixins.ListModelMixin, TenantScoped):
+class UsageRecordViewSet(mixins.ListModelMixin, TenantScoped[UsageRecord]):
     """Raw usage records (one per request), newest first, cursor-paginated."""
 
     capability = "usage"
@@ -43,7 +43,7 @@ class UsageRecordViewSet(mixins.ListModelMixin, TenantScoped):
 
 
 @extend_schema_view(list=extend_schema(parameters=USAGE_PARAMS))
-class UsageRollupViewSet(mixins.ListModelMixin, TenantScoped):
+class UsageRollupViewSet(mixins.ListModelMixin, TenantScoped[UsageRollup]):
     """Hourly rollups per key and model, newest hour first, cursor-paginated."""
 
     capability = "usage"
