@@ -148,8 +148,11 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
 
 
 class EndUserFields(Protocol):
-    user: str | None
-    safety_identifier: str | None
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def safety_identifier(self) -> str | None: ...
 
 
 def end_user_id(req: EndUserFields) -> str | None:
