@@ -62,8 +62,19 @@ from gateway.inference.errors import (
     unavailable,
 )
 from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
-from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
-from gateway.inference.responses_api import ResponseBuilder, dumps_events, to_chat
+from gateway.inference.requests import (
+    InferenceRequest,
+    Kind,
+    end_user_id,
+    load_json_object,
+    parse_object,
+)
+from gateway.inference.responses_api import (
+    ResponseBuilder,
+    dumps_events,
+    responses_param,
+    to_chat,
+)
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.sizing import size_request, tokenize
 from gateway.inference.submit import submit_request
@@ -411,7 +422,7 @@ class CompletionConsumer(ApiConsumer):
         result = await submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name,
             model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-            stream=req.stream, adapter=pool.adapter,
+            stream=req.stream, adapter=pool.adapter, end_user=end_user_id(req),
         )
         if isinstance(result, Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
@@ -442,7 +453,7 @@ class CompletionConsumer(ApiConsumer):
         if needs_assembler(req):
             # The assembler needs the model's tool parser and tokenizer.
             pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
-                                     principal.allowed_model_names)
+                                     principal.allowed_model_names, served_only=False)
             self.pool = pool
         await Relay(self, req, found.events(last_id), {}, resumed=True).run()
 
@@ -536,7 +547,8 @@ class EmbeddingsConsumer(CompletionConsumer):
         result = await submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name, model=req.model,
             prompt_token_ids=[t for p in prompts for t in p],
-            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter)
+            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter,
+            end_user=end_user_id(req))
         if isinstance(result, Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)
@@ -545,7 +557,7 @@ class EmbeddingsConsumer(CompletionConsumer):
         if self.disconnected.is_set():
             await result.cancel("client_disconnect")
         vectors: list[list[float]] = []
-        async for event in result.events():
+        async for event in result.events(first="The embeddings"):
             if isinstance(event, TokenEvent):
                 vectors = embeddings.unpack(event.text)
             elif isinstance(event, FinishEvent) and event.finish_reason == "stop":
@@ -563,6 +575,13 @@ class ResponsesConsumer(CompletionConsumer):
 
     kind: Kind = "chat"
     resumable = False
+
+    async def handle(self, body: bytes) -> None:
+        try:
+            await super().handle(body)
+        except ApiError as err:
+            err.param = responses_param(err.param)  # the chat field names as sent in Responses
+            raise
 
     def parse_request(self, data: dict[str, Any]) -> InferenceRequest:
         self.body_data = data

@@ -56,6 +56,7 @@ local record = {
   key_id = tonumber(h.key or '') or cjson.null,
   model = h.model or cjson.null,
   pool = h.pool or cjson.null,
+  end_user = (h.end_user or '') ~= '' and h.end_user or cjson.null,
   prompt_tokens = prompt,
   cached_tokens = cached,
   completion_tokens = output,
