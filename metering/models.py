@@ -45,6 +45,10 @@ class UsageRecord(models.Model):
     finish_reason = models.CharField(max_length=32, blank=True)
     error_code = models.CharField(max_length=64, blank=True)
     stream = models.BooleanField(default=False)
+    end_user = models.CharField(
+        max_length=256, blank=True, default="",
+        help_text="Who the request was for inside the tenant (its safety_identifier or user, "
+                  "or the tenant's end-user header): an identifier, never content.")
     started_at = models.DateTimeField(help_text="Admitted (tokens charged).")
     finished_at = models.DateTimeField(help_text="Settled.")
     recorded_at = models.DateTimeField(auto_now_add=True)

@@ -153,6 +153,7 @@ def record_from_json(data: Mapping[str, Any]) -> UsageRecord:
         finish_reason=str(_first(data, "finish_reason", default=""))[:32],
         error_code=str(_first(data, "error_code", default=""))[:64],
         stream=bool(data.get("stream", False)),
+        end_user=str(data.get("end_user") or "")[:256],
         started_at=started,
         finished_at=finished,
     )

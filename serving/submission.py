@@ -28,7 +28,7 @@ from typing import Any
 
 from infra.redis_conn import get_async_redis
 from metering.keys import pool_names_async
-from serving import admission, liveness, settlement, transport, wfq
+from serving import admission, budgets, liveness, settlement, transport, wfq
 from serving.admission import AdmissionLimits, Admitted, RateLimitInfo, Reason, Rejected
 from serving.keys import req_key
 from serving.settlement import Status
@@ -99,7 +99,7 @@ class Rejection(Rejected):
     the client reads.
     """
 
-    message: str
+    message: str = ""
 
 
 def _event(entry: transport.StreamEvent) -> list[Event]:
@@ -203,7 +203,10 @@ async def cancel_request(pool: str, rid: str, reason: str) -> bool:
 
 
 def _message(rejected: Rejected, limits: AdmissionLimits, prompt: int,
-             max_out: int) -> str:
+             max_out: int, reservation: budgets.Reservation = budgets.NONE) -> str:
+    if rejected.reason == Reason.INSUFFICIENT_QUOTA:
+        return budgets.refusal_message(reservation.charges[int(rejected.scope) - 1],
+                                       rejected.budget_used)
     if rejected.reason == Reason.TOO_LARGE:
         scope, _, kind = rejected.scope.partition(":")
         part = getattr(limits, scope)
@@ -224,14 +227,16 @@ async def submit(
     prompt_token_ids: Sequence[int], sampling: SamplingParams, limits: AdmissionLimits,
     stream: bool, request_id: str | None = None, cache_salt: str | None = None,
     priority: int = 0, now: float | None = None, adapter: str | None = None,
-    end_user: str | None = None,
+    budget_rules: Sequence[budgets.BudgetRule] = (), prices: budgets.UnitPrices | None = None,
+    end_user: str = "",
 ) -> Submission | Rejection:
     """Admit and enqueue one tokenized request (see the module docstring).
 
     ``limits``: ``AdmissionLimits.from_limits(principal.tenant_limits(m), principal.limits(m))``.
     ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``. ``end_user``: the
-    tenant's own id for its end user (``safety_identifier`` or ``user``), kept on the request
-    and written into its usage record.
+    tenant's own id for its end user (``tenants.budgets.end_user_of``), kept on the request
+    and written into its usage record. ``budget_rules`` are reserved against at ``prices``
+    (the model's price now), in the same admission.
     """
     rid = request_id or f"req-{uuid.uuid4().hex}"
     if not _RID.fullmatch(rid):
@@ -243,16 +248,21 @@ async def submit(
     started = time.monotonic()
     # n choices may each generate max_tokens: all of it is reserved, and settled to what ran.
     prompt, max_out = len(prompt_token_ids), sampling.max_tokens * sampling.n
+    reservation = budgets.reserve(tenant_id, budget_rules, prices, prompt, max_out,
+                                  time.time() if now is None else now) \
+        if budget_rules else budgets.NONE
     result = await admission.admit_async(
         request_id=rid, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
                "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
                "adapter": adapter or "", "end_user": end_user or ""},
+        budgets=reservation,
     )
     if not isinstance(result, Admitted):
         return Rejection(rid, result.reason, result.scope, result.retry_after, result.rate_limit,
-                         _message(result, limits, prompt, max_out))
+                         result.budget_used,
+                         message=_message(result, limits, prompt, max_out, reservation))
     try:
         await wfq.for_loop().enqueue(
             pool, str(tenant_id), rid, weight=weight, prompt_tokens=prompt,

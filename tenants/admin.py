@@ -39,6 +39,7 @@ from tenants.models import (
     ApiKeyQuerySet,
     Membership,
     Pool,
+    Project,
     Quota,
     ServedModel,
     Tenant,
@@ -309,13 +310,16 @@ class KeyStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("active", "Active"), ("expired", "Expired"), ("revoked", "Revoked")]
+        return [("active", "Active"), ("over_budget", "Over budget"), ("expired", "Expired"),
+                ("revoked", "Revoked")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
         assert isinstance(queryset, ApiKeyQuerySet)  # ApiKey's manager makes these
         now = timezone.now()
         if self.value() == "active":
-            return queryset.usable(now)
+            return queryset.usable(now).filter(over_budget_at__isnull=True)
+        if self.value() == "over_budget":
+            return queryset.usable(now).filter(over_budget_at__isnull=False)
         if self.value() == "expired":
             return queryset.filter(revoked_at__isnull=True, expires_at__lte=now)
         if self.value() == "revoked":
@@ -359,7 +363,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_select_related = ["tenant"]
     autocomplete_fields = ["tenant"]
     filter_horizontal = ["allowed_models"]
-    actions = ["revoke_selected"]
+    actions = ["revoke_selected", "resume_selected"]
     show_full_result_count = False  # keys can be many; skip the extra COUNT(*)
     limit_fieldsets = ("Limits under the tenant's (empty = the tenant's)", {"fields": [
         ("input_tpm", "output_tpm"), ("concurrent_requests", "open_streams"),
@@ -388,9 +392,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="state")
     def state(self, obj: ApiKey) -> str:
-        if obj.revoked_at:
-            return "revoked"
-        return "active" if obj.is_usable() else "expired"
+        return obj.state()
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a key is revoked, never deleted: its usage and audit trail point at it
@@ -466,6 +468,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
         return None
 
+    @admin.action(description="Resume selected keys that are over budget",
+                  permissions=["change"])
+    def resume_selected(self, request: HttpRequest, queryset: ApiKeyQuerySet) -> None:
+        count = sum(key.resume() for key in queryset.filter(over_budget_at__isnull=False))
+        self.message_user(request, f"Resumed {count} key(s) that were over budget.",
+                          messages.SUCCESS)
+
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
@@ -474,6 +483,19 @@ class MembershipAdmin(admin.ModelAdmin):
     search_fields = ["user__username", "user__email", "tenant__slug", "tenant__name"]
     list_select_related = ["user", "tenant"]
     autocomplete_fields = ["user", "tenant"]
+
+
+
+
+# --- projects and budgets (docs/adr/0021) ------------------------------------------------------
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin[Project]):
+    list_display = ["name", "slug", "tenant", "created_at"]
+    list_filter = ["tenant"]
+    search_fields = ["name", "slug", "tenant__slug"]
+    autocomplete_fields = ["tenant"]
+    filter_horizontal = ["allowed_models"]
 
 
 # Identity providers and client-certificate bindings, and who may act in a tenant (grants,

@@ -182,6 +182,11 @@ class Tenant(models.Model):
         default=7, editable=False, validators=[MinValueValidator(1), MaxValueValidator(30)],
         help_text="Days a logged prompt/response is kept before the purge deletes it (1-30).",
     )
+    end_user_header = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="A request header naming the end user for end-user budgets (e.g. "
+                  "x-end-user). Blank: the body's safety_identifier or user field.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -332,6 +337,11 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    project = models.ForeignKey("tenants.Project", null=True, blank=True,
+                                on_delete=models.SET_NULL, related_name="api_keys")
+    # A spend alert's hard cap stops the key here (429 insufficient_quota), never by rewriting
+    # its expiry: it still authenticates, reads "over budget", and an owner can resume it.
+    over_budget_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = ApiKeyQuerySet.as_manager()
 
@@ -357,6 +367,22 @@ class ApiKey(models.Model):
         if self.revoked_at is not None:
             return False
         return self.expires_at is None or self.expires_at > now
+
+    def state(self, now: datetime | None = None) -> str:
+        """What the portal, admin and API call it: revoked, expired, over budget or active."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if not self.is_usable(now):
+            return "expired"
+        return "over budget" if self.over_budget_at is not None else "active"
+
+    def resume(self) -> bool:
+        """Lift a spend alert's hard cap (the owner raised it or accepts the spend)."""
+        if self.over_budget_at is None:
+            return False
+        self.over_budget_at = None
+        self.save(update_fields=["over_budget_at"])  # the save signal renews every principal
+        return True
 
 
 class Membership(models.Model):
@@ -630,3 +656,8 @@ class ClientCertificate(models.Model):
         if fingerprint is None:
             raise ValidationError({"fingerprint_sha256": "Not a SHA-256 fingerprint."})
         self.fingerprint_sha256 = fingerprint
+
+
+from tenants.budget_models import Budget, Project  # noqa: E402  (models of this app)
+
+__all__ += ["Budget", "Project"]

@@ -196,7 +196,7 @@ def test_usage_record_carries_counts_never_content(redis_client):
         "cached_tokens",
         "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms", "status", "finish_reason",
         "error_code", "stream", "admitted_at_ms", "dispatched_at_ms", "first_token_at_ms",
-        "settled_at_ms",
+        "settled_at_ms",  # an identifier the caller chose, never content (I4)
     }
     assert record["total_ms"] == 2000
     assert [e[1] for e in redis_client.xrange(stream_key("p", "r"))] == [{b"f": b"length",
@@ -317,7 +317,7 @@ def test_counters_return_to_zero_after_a_random_mix(redis_client):
 
 def _submit(rid: str, lim: AdmissionLimits, *, max_tokens: int = 20, tenant: int = 1):
     from serving.submission import submit
-    from workers.engine.base import SamplingParams
+    from serving.wire import SamplingParams
 
     return submit(tenant_id=tenant, key_id=tenant, weight=1.0, model="m", pool="fp",
                   prompt_token_ids=[5, 6, 7, 8], sampling=SamplingParams(max_tokens=max_tokens),

@@ -15,7 +15,16 @@ from rest_framework.test import APIClient
 
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.management_tokens import issue_token
-from tenants.models import ApiKey, Invitation, ManagementToken, Pool, ServedModel, StaffGrant
+from tenants.models import (
+    ApiKey,
+    Budget,
+    Invitation,
+    ManagementToken,
+    Pool,
+    Project,
+    ServedModel,
+    StaffGrant,
+)
 from tests.worlds import build_world, make_user, this_hour
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +41,20 @@ ENDPOINTS = [
     ("delete", f"{T}/keys/{{member_key}}/", None, 204, 204, 403, 404, 404, 404),
     ("post", f"{T}/keys/{{member_key}}/rotate/", {"grace_seconds": 60},
      201, 201, 403, 404, 404, 404),
+    ("post", f"{T}/keys/{{member_key}}/resume/", None, 200, 403, 403, 404, 404, 404),
+    ("get", f"{T}/projects/", None, 200, 200, 200, 404, 404, 404),
+    ("post", f"{T}/projects/", {"name": "Production", "slug": "prod"},
+     201, 403, 403, 404, 404, 404),
+    ("get", f"{T}/projects/{{project}}/", None, 200, 200, 200, 404, 404, 404),
+    ("patch", f"{T}/projects/{{project}}/", {"name": "Web"}, 200, 403, 403, 404, 404, 404),
+    ("delete", f"{T}/projects/{{project}}/", None, 204, 403, 403, 404, 404, 404),
+    ("get", f"{T}/budgets/", None, 200, 403, 200, 404, 404, 404),
+    ("post", f"{T}/budgets/", {"level": "tenant", "metric": "tokens", "limit": "1000000",
+                               "period": "day"}, 201, 403, 403, 404, 404, 404),
+    ("get", f"{T}/budgets/{{budget}}/", None, 200, 403, 200, 404, 404, 404),
+    ("get", f"{T}/budgets/export/", None, 200, 403, 200, 404, 404, 404),
+    ("patch", f"{T}/budgets/{{budget}}/", {"limit": "20"}, 200, 403, 403, 404, 404, 404),
+    ("delete", f"{T}/budgets/{{budget}}/", None, 204, 403, 403, 404, 404, 404),
     ("get", f"{T}/members/", None, 200, 403, 403, 404, 404, 404),
     ("get", f"{T}/members/{{billing_membership}}/", None, 200, 403, 403, 404, 404, 404),
     ("post", f"{T}/members/", {"user": "staff", "role": "member"}, 405, 403, 403, 404, 404, 404),
@@ -100,6 +123,8 @@ def world(redis_client, tmp_path):
         tenant=world.tenant, start=this_hour(), end=this_hour(), status="done",
         file_path=str(done))
     world.token, _ = issue_token(world.tenant, "ci", "owner", created_by=world.users["owner"])
+    world.project = Project.objects.create(tenant=world.tenant, name="web", slug="web")
+    world.budget = Budget.objects.create(tenant=world.tenant, level="tenant", limit=10)
     world.invitation = Invitation.objects.create(
         tenant=world.tenant, email="x@example.test", secret_hash="0" * 64,
         expires_at=timezone.now() + timedelta(days=1))
@@ -144,6 +169,7 @@ def _path(world, template: str) -> str:
         billing_membership=world.tenant.memberships.get(role="billing").id,
         quota=world.tenant.quotas.get(model=None).id, alert=world.alert.id,
         export=world.export.id, invitation=world.invitation.id, token=world.token.id,
+        project=world.project.id, budget=world.budget.id,
     )
 
 

@@ -11,9 +11,8 @@ import jsonschema
 
 from gateway.inference.toolparsers import parse_hermes
 from serving.tokenization import load_tokenizer
-from serving.wire import pack_sampling, unpack_sampling
+from serving.wire import SamplingParams, pack_sampling, unpack_sampling
 from tests.test_sim_engine import generate_one, req
-from workers.engine.base import SamplingParams
 from workers.engine.simtools import (
     last_message,
     name_parts,

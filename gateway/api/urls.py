@@ -26,6 +26,8 @@ scoped.register("exports", views.ExportJobViewSet, basename="export")
 scoped.register("alerts", views.SpendAlertViewSet, basename="alert")
 scoped.register("tokens", views.ManagementTokenViewSet, basename="token")
 scoped.register("content-logging", views.ContentLoggingViewSet, basename="content-logging")
+scoped.register("projects", views.ProjectViewSet, basename="project")
+scoped.register("budgets", views.BudgetViewSet, basename="budget")
 
 @csrf_exempt  # it changes nothing; a CSRF 403 page would hide the 404
 def not_found(request: HttpRequest) -> JsonResponse:

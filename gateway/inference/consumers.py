@@ -65,7 +65,6 @@ from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visibl
 from gateway.inference.requests import (
     InferenceRequest,
     Kind,
-    end_user_id,
     load_json_object,
     parse_object,
 )
@@ -95,6 +94,7 @@ from serving.submission import (
 from serving.tokenization import load_tokenizer
 from serving.wire import SamplingParams
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
+from tenants.budgets import end_user_of
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,10 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
             self.finished = not message.get("more_body", message["type"] != "http.response.body")
 
         await cells.forward(self.scope, body, wrong, send)
+
+    def headers_dict(self) -> dict[str, str]:
+        return {k.decode("latin-1").lower(): v.decode("latin-1")
+                for k, v in self.scope.get("headers", ())}
 
     def header(self, name: bytes) -> str | None:
         key: bytes
@@ -376,6 +380,7 @@ class CompletionConsumer(ApiConsumer):
         self.principal = principal
         data = load_json_object(body)
         req = self.parse_request(data)
+        self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
         resume = sse.parse_resume_id(self.header(b"last-event-id")) if self.resumable else None
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
@@ -422,7 +427,7 @@ class CompletionConsumer(ApiConsumer):
         result = await submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name,
             model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-            stream=req.stream, adapter=pool.adapter, end_user=end_user_id(req),
+            stream=req.stream, adapter=pool.adapter, end_user=self.end_user,
         )
         if isinstance(result, Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
@@ -534,7 +539,9 @@ class EmbeddingsConsumer(CompletionConsumer):
     async def handle(self, body: bytes) -> None:
         principal = await self.authenticate()
         self.principal = principal
-        req = embeddings.parse(load_json_object(body))
+        data = load_json_object(body)
+        req = embeddings.parse(data)
+        self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
         pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
                                  principal.allowed_model_names)
         self.pool = pool
@@ -548,7 +555,7 @@ class EmbeddingsConsumer(CompletionConsumer):
             request_id=self.request_id, principal=principal, pool=pool.name, model=req.model,
             prompt_token_ids=[t for p in prompts for t in p],
             sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter,
-            end_user=end_user_id(req))
+            end_user=self.end_user)
         if isinstance(result, Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)
@@ -793,6 +800,13 @@ def created_of(request_id: str) -> int:
 
 def rejection_error(rejection: Rejection) -> ApiError:
     headers = rejection.headers()
+    if rejection.reason == "insufficient_quota":
+        # A budget: waiting helps only once its period resets (Retry-After says when; none for
+        # a lifetime budget or a key stopped by a hard cap, which an owner must raise).
+        if rejection.retry_after <= 0:
+            headers["x-should-retry"] = "false"
+        return ApiError(429, rejection.message, type="insufficient_quota",
+                        code="insufficient_quota", headers=headers)
     if rejection.too_large:
         # Waiting cannot help: tell the official client not to retry (it honours this header).
         headers["x-should-retry"] = "false"

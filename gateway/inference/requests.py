@@ -75,7 +75,7 @@ class InferenceRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str | None = None
-    # OpenAI's newer name for the end user (``end_user_id`` reads either).
+    # OpenAI's newer name for the end user (``tenants.budgets.end_user_of`` reads either).
     safety_identifier: str | None = None
     # A hint that requests sharing it share a prompt prefix. Caching stays inside the tenant's
     # own salt (I1): the key never widens the scope, so it is accepted and changes nothing

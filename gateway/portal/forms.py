@@ -13,10 +13,10 @@ from django.core.validators import MaxValueValidator
 from django.utils import timezone
 
 from metering.billing.models import SpendAlert
-from metering.billing.reports import GROUPS
+from metering.billing.reports import DEFAULT_GROUPS, GROUPS
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, ServedModel, Tenant
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Project, ServedModel, Tenant
 
 GRACE_CHOICES = [
     (0, "Immediately"), (3600, "1 hour"), (86400, "24 hours"), (7 * 86400, "7 days"),
@@ -34,6 +34,10 @@ class KeyForm(forms.Form):
         required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
         help_text="Empty = never expires (UTC).",
     )
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.none(), required=False,
+        help_text="Its project's allowed models and budgets apply to the key too.",
+    )
     input_tpm = forms.IntegerField(required=False, min_value=1, label="Input tokens / minute")
     output_tpm = forms.IntegerField(required=False, min_value=1, label="Output tokens / minute")
     concurrent_requests = forms.IntegerField(required=False, min_value=1)
@@ -46,6 +50,9 @@ class KeyForm(forms.Form):
         allowed = self.fields["allowed_models"]
         assert isinstance(allowed, forms.ModelMultipleChoiceField)
         allowed.queryset = models_for(tenant)
+        project = self.fields["project"]
+        assert isinstance(project, forms.ModelChoiceField)
+        project.queryset = Project.objects.filter(tenant=tenant)
 
     def clean_expires_at(self) -> datetime | None:
         value = self.cleaned_data.get("expires_at")
@@ -85,7 +92,7 @@ class ReportForm(forms.Form):
     start = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     end = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     group_by = forms.MultipleChoiceField(
-        choices=[(g, g) for g in GROUPS], initial=list(GROUPS), required=False,
+        choices=[(g, g) for g in GROUPS], initial=list(DEFAULT_GROUPS), required=False,
         widget=forms.CheckboxSelectMultiple,
     )
     format = forms.ChoiceField(choices=[("csv", "CSV"), ("xlsx", "Excel (XLSX)")])

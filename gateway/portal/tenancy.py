@@ -94,11 +94,13 @@ def tenant_view(
 # table drives the menu, the "current page" mark and where a tenant switch lands.
 NAV: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("usage", "Usage", "usage", ()),
-    ("keys", "API keys", "keys", ("key_create", "key_created", "key_revoke", "key_rotate")),
+    ("keys", "API keys", "keys", ("key_create", "key_created", "key_revoke", "key_rotate",
+                                  "key_resume")),
     ("quotas", "Quotas", "quotas", ()),
     ("playground", "Playground", "playground", ()),
     ("reports", "Reports", "reports", ("statement", "export")),
     ("alerts", "Spend alerts", "alerts", ()),
+    ("budgets", "Budgets", "budgets", ()),
     ("content_logging", "Content logging", "content_logging", ()),
     ("members", "Members", "members", ()),
     ("tokens", "API tokens", "tokens", ()),

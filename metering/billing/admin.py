@@ -14,11 +14,12 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from metering.billing.budget_status import status_of
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
 from metering.billing.money import format_money
 from metering.billing.reports import build_report
 from tenants.admin import TenantAdmin
-from tenants.models import Tenant
+from tenants.models import Budget, Tenant
 
 _M = TypeVar("_M", bound=Model)
 
@@ -108,3 +109,28 @@ class TenantWithUsageAdmin(TenantAdmin):
 
 admin.site.unregister(Tenant)
 admin.site.register(Tenant, TenantWithUsageAdmin)
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin[Budget]):
+    list_display = ["tenant", "scope", "limit_shown", "period", "this_period", "enabled"]
+    list_filter = ["level", "metric", "period", "enabled", "tenant"]
+    search_fields = ["tenant__slug", "end_user", "api_key__name", "project__name"]
+    autocomplete_fields = ["tenant"]
+    raw_id_fields = ["project", "api_key"]
+    list_select_related = ["tenant", "project", "api_key"]
+
+    @admin.display(description="scope")
+    def scope(self, obj: Budget) -> str:
+        return obj.scope_text
+
+    @admin.display(description="limit")
+    def limit_shown(self, obj: Budget) -> str:
+        return obj.limit_text
+
+    @admin.display(description="this period")
+    def this_period(self, obj: Budget) -> str:
+        status = status_of(obj, timezone.now())
+        spent = (f"{status.spent:,.2f} {obj.currency}" if obj.metric == "money"
+                 else f"{status.spent:,.0f} tokens")
+        return f"{spent} ({status.percent}%)" + (" · over budget" if status.over else "")

@@ -99,4 +99,8 @@ for i = 1, 4 do
   out[#out + 1] = h['r' .. i] or '0'
   out[#out + 1] = h['x' .. i] or '0'
 end
+-- Budgets (serving.budgets): their counters, metrics, reserved amounts and the prices fixed at
+-- admission, and the cached count, so the winner computes the exact cost for release.lua.
+for _, f in ipairs({'bk', 'bm', 'bv', 'pi', 'pc', 'po'}) do out[#out + 1] = h[f] or '' end
+out[#out + 1] = tostring(cached)
 return out

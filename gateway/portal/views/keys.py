@@ -27,7 +27,8 @@ def visible_keys(request: TenantRequest) -> ApiKeyQuerySet:
 
 @tenant_view("keys")
 def key_list(request: TenantRequest) -> HttpResponse:
-    keys = list(visible_keys(request).prefetch_related("allowed_models"))
+    keys = list(visible_keys(request).prefetch_related("allowed_models")
+                .select_related("project"))
     now = timezone.now()
     month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     usage = per_key(request.tenant, month, now + timedelta(hours=1), [k.pk for k in keys])
@@ -43,7 +44,8 @@ def key_create(request: TenantRequest) -> HttpResponse:
         data = form.cleaned_data
         key, plaintext = issue_key(
             request.tenant, data["name"], allowed_models=list(data["allowed_models"]),
-            expires_at=data["expires_at"], created_by=request.user, **form.caps(),
+            expires_at=data["expires_at"], created_by=request.user, project=data.get("project"),
+            **form.caps(),
         )
         return secret_redirect(request, "portal:key_created",
                                {"key_id": key.pk, "plaintext": plaintext})
@@ -89,3 +91,14 @@ def key_rotate(request: TenantRequest, pk: int) -> HttpResponse:
         return secret_redirect(request, "portal:key_created",
                                {"key_id": new.pk, "plaintext": plaintext, "rotated_id": old.pk})
     return page(request, "portal/key_rotate.html", {"key": old, "form": form})
+
+
+@tenant_view("keys")
+def key_resume(request: TenantRequest, pk: int) -> HttpResponse:
+    """POST: lift a spend alert's hard cap from a key that is over budget (owners only)."""
+    key = get_object_or_404(visible_keys(request), pk=pk)
+    if request.method != "POST" or not roles.can(request.role, "all_keys"):
+        return HttpResponse("Only an owner resumes a key that is over budget.", status=403)
+    if key.resume():
+        messages.success(request, f"{key.name} is resumed: its requests are admitted again.")
+    return redirect("portal:keys")
