@@ -324,12 +324,21 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # A 401/403/404/405/429 is a refusal the API meant to give: one line, no traceback
+    # (infra.quietlog). Django's own "django" handlers are replaced by the root's, so a request
+    # is not logged twice (once by Django's console handler, once by the root's).
+    "filters": {"expected_refusals": {"()": "infra.quietlog.ExpectedRefusals"},
+                "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"},
+                 "mail_admins": {"level": "ERROR", "filters": ["require_debug_false"],
+                                 "class": "django.utils.log.AdminEmailHandler"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # Beat runs the janitor, usage flush and content-log drain every few seconds; one line per
     # task run would drown everything else at INFO.
     "loggers": {
-        name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")
+        **{name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")},
+        "django": {"handlers": ["mail_admins"], "level": "INFO", "propagate": True},
+        "django.request": {"filters": ["expected_refusals"], "propagate": True},
     },
 }
 

@@ -55,6 +55,7 @@ from celery import bootsteps
 from celery.signals import worker_shutting_down
 from django.conf import settings
 
+from infra import quietlog
 from infra.redis_conn import get_async_redis, new_async_pubsub_client
 from serving import admission, janitor, settlement, transport
 from serving.keys import inflight_key, pools_key, worker_key, workers_key
@@ -719,6 +720,7 @@ class EngineHost:
         keys = [workers_key(self.spec.name), worker_key(self.spec.name, self.worker_id, "reaped"),
                 worker_key(self.spec.name, self.worker_id, "load")]
         await self._redis.sadd(pools_key(), self.spec.name)  # the janitor walks the pools
+        await quietlog.aflush(self._redis)  # repeated warnings' counts reach /metrics
         if not await script("heartbeat").run_async(self._redis, keys, args):
             await self._rejoin()
 
