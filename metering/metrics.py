@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from infra import quietlog
 from infra.redis_conn import get_redis, key, pool_key, tenant_key
+from metering import overhead
 from metering.keys import pools_key
 from metering.models import UsageRecord
 from tenants.models import Tenant
@@ -122,6 +123,7 @@ class RedisCollector(Collector):
             active.add_metric([tenants[pk]], n)
         yield active
         yield _repeated_log_events(r)
+        yield overhead.histogram(r.hgetall(overhead.overhead_key()))
         yield from _pool_metrics(r)
 
 

@@ -68,7 +68,7 @@ from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
 from infra import clientaddr
 from infra.redis_conn import get_async_redis
-from metering import metrics
+from metering import metrics, overhead
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
 from workers.engine.base import SamplingParams
 from workers.tokenization import load_tokenizer
@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 2.0  # how long a cancelled handler may take to settle before it is torn down
 JSON = (b"content-type", b"application/json")
+OVERHEAD_HEADER = b"x-gateway-overhead-ms"
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -95,6 +96,8 @@ class ApiConsumer(AsyncHttpConsumer):
         self.started = False  # response headers sent
         self.finished = False  # last body part sent
         self._write_lock = asyncio.Lock()
+        self.began = time.perf_counter()
+        self.waited = 0.0  # seconds spent awaiting the worker's events (metering.overhead)
         try:
             body = await self._read_body(receive)
         except ApiError as err:
@@ -102,6 +105,7 @@ class ApiConsumer(AsyncHttpConsumer):
             return
         if body is None:
             return  # gone before it finished sending
+        self.began = time.perf_counter()  # the client's upload is not the gateway's time
         handler = asyncio.create_task(self._run(body))
         watcher = asyncio.create_task(self._watch(receive))
         self._stopping: asyncio.Task[None] | None = None
@@ -177,6 +181,35 @@ class ApiConsumer(AsyncHttpConsumer):
 
     async def _run(self, body: bytes) -> None:
         try:
+            await self._handle(body)
+        finally:
+            pool = getattr(self, "pool", None)
+            overhead.observe(pool.name if pool is not None else "", self.overhead_ms())
+
+    def overhead_ms(self) -> float:
+        """Time in the gateway so far, less the wait for the worker (metering.overhead)."""
+        return max(0.0, (time.perf_counter() - self.began - self.waited) * 1000)
+
+    async def timed(self, events: AsyncIterator[facade.Event]) -> AsyncIterator[facade.Event]:
+        """The submission's events; the time spent awaiting each one is the worker's, not ours."""
+        it = aiter(events)
+        try:
+            while True:
+                waiting = time.perf_counter()
+                try:
+                    event = await anext(it)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    self.waited += time.perf_counter() - waiting
+                yield event
+        finally:
+            closing = getattr(it, "aclose", None)
+            if closing is not None:
+                await closing()
+
+    async def _handle(self, body: bytes) -> None:
+        try:
             await self.handle(body)
         except cells.WrongCell as wrong:
             await self._forward(body, wrong)
@@ -226,7 +259,8 @@ class ApiConsumer(AsyncHttpConsumer):
         if self.started:
             return
         self.started = True
-        raw = [*extra, (b"x-request-id", self.request_id.encode())]
+        raw = [*extra, (b"x-request-id", self.request_id.encode()),
+               (OVERHEAD_HEADER, b"%.2f" % self.overhead_ms())]
         if settings.CELL:
             raw.append((cells.CELL_HEADER, settings.CELL.encode()))
         raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
@@ -410,7 +444,7 @@ class CompletionConsumer(ApiConsumer):
 
     async def relay(self, req: InferenceRequest, sub: facade.Submission,
                     headers: dict[str, str]) -> None:
-        await Relay(self, req, sub.events(), headers).run()
+        await Relay(self, req, self.timed(sub.events()), headers).run()
 
     async def _resume(self, principal: Principal, req: InferenceRequest, rid: str,
                       last_id: str) -> None:
@@ -426,7 +460,7 @@ class CompletionConsumer(ApiConsumer):
             pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
                                      principal.allowed_model_names)
             self.pool = pool
-        await Relay(self, req, found.events(last_id), {}, resumed=True).run()
+        await Relay(self, req, self.timed(found.events(last_id)), {}, resumed=True).run()
 
     def assembler(self, req: InferenceRequest) -> Assembler | None:
         """The choice assembler for requests off the plain text path (tools, n, logprobs)."""
@@ -446,7 +480,7 @@ class CompletionConsumer(ApiConsumer):
         pieces: list[str] = []
         tokens = 0
         asm = self.assembler(req)
-        async for event in sub.events():
+        async for event in self.timed(sub.events()):
             if isinstance(event, facade.TokenEvent):
                 if asm is not None:
                     asm.feed(event.text)
@@ -527,7 +561,7 @@ class EmbeddingsConsumer(CompletionConsumer):
         if self.disconnected.is_set():
             await result.cancel("client_disconnect")
         vectors: list[list[float]] = []
-        async for event in result.events():
+        async for event in self.timed(result.events()):
             if isinstance(event, facade.TokenEvent):
                 vectors = embeddings.unpack(event.text)
             elif isinstance(event, facade.FinishEvent) and event.finish_reason == "stop":
@@ -566,7 +600,7 @@ class ResponsesConsumer(CompletionConsumer):
         tokens = 0
         ticker = asyncio.create_task(self._keepalive(headers, builder))
         try:
-            async for event in sub.events():
+            async for event in self.timed(sub.events()):
                 if isinstance(event, facade.TokenEvent):
                     await self._begin(headers, builder)
                     tokens += event.token_count
