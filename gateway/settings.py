@@ -348,6 +348,10 @@ LOGGING = {
 CONTENT_LOG_MASTER_KEYS = env_str("CONTENT_LOG_MASTER_KEYS", "")
 CONTENT_LOG_MAX_RETENTION_DAYS = 30  # the policy's ceiling, not a knob
 CONTENT_LOG_MAX_PENDING = env_int("CONTENT_LOG_MAX_PENDING", 100_000, minimum=1)
+# The tenants' request log (metering.requestlog): how long entries are kept, and how many
+# refusals may wait in Redis for the writer (the newest are kept).
+REQUEST_LOG_RETENTION_DAYS = env_int("REQUEST_LOG_RETENTION_DAYS", 30, minimum=1)
+REQUEST_LOG_MAX_PENDING = env_int("REQUEST_LOG_MAX_PENDING", 100_000, minimum=1)
 # Break-glass: self-approval (with an alert to ADMINS) only if explicitly allowed.
 BREAKGLASS_SELF_APPROVAL = env_bool("BREAKGLASS_SELF_APPROVAL", False)
 BREAKGLASS_MAX_MINUTES = env_int("BREAKGLASS_MAX_MINUTES", 8 * 60, minimum=1)

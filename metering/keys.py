@@ -8,7 +8,7 @@ pool in ``pools_key()``.
 
 from __future__ import annotations
 
-from infra.redis_conn import key, pool_tag
+from infra.redis_conn import key, pool_tag, tag
 
 
 def pools_key() -> str:
@@ -39,3 +39,16 @@ def dead_key() -> str:
 
 def dirty_hours_key() -> str:
     return key("usage", "dirty_hours")
+
+
+def refusals_pending_key() -> str:
+    """Refused requests (JSON, no content) the gateway pushed for the request log."""
+    return key("reqlog", tag("q", "reqlog"), "pending")
+
+
+def refusals_processing_key() -> str:
+    return key("reqlog", tag("q", "reqlog"), "processing")
+
+
+def refusals_lease_key() -> str:
+    return key("reqlog", tag("q", "reqlog"), "lease")

@@ -22,7 +22,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,11 +220,14 @@ async def submit(
     prompt_token_ids: Sequence[int], sampling: SamplingParams, limits: AdmissionLimits,
     stream: bool, request_id: str | None = None, cache_salt: str | None = None,
     priority: int = 0, now: float | None = None, adapter: str | None = None,
+    context: Mapping[str, str] | None = None,
 ) -> Submission | Rejection:
     """Admit and enqueue one tokenized request (see the module docstring).
 
     ``limits``: ``AdmissionLimits.from_limits(principal.tenant_limits(m), principal.limits(m))``.
     ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``.
+    ``context``: fields kept in the request's hash for its usage record and trace (the end
+    user, the W3C traceparent); never content.
     """
     rid = request_id or f"req-{uuid.uuid4().hex}"
     if not _RID.fullmatch(rid):
@@ -241,7 +244,7 @@ async def submit(
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
                "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
-               "adapter": adapter or ""},
+               "adapter": adapter or "", **(context or {})},
     )
     if not isinstance(result, Admitted):
         return Rejection(rid, result.reason, result.scope, result.retry_after, result.rate_limit,

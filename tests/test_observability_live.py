@@ -76,3 +76,53 @@ def test_overhead_header_and_histogram(live):
     text = httpx.get(live["url"] + "/metrics").text
     seconds = value(text, "igw_gateway_overhead_seconds_sum", pool=POOL)
     assert seconds is not None and 0 < seconds < counted() * total_ms / 1000
+
+
+def test_request_log_shows_every_429_the_client_received(live, redis_client):
+    from metering import writer
+    from metering.models import RequestLogEntry
+
+    tenant = make_tenant(input_tpm=1, input_burst=50)  # a few requests, then 429s
+    api_key, plain = make_key(tenant)
+    oai = client(live["url"], plain)
+    received: dict[str, str] = {}  # request id -> what the client saw
+    for i in range(12):
+        try:
+            reply = oai.chat.completions.with_raw_response.create(
+                model=MODEL, messages=HELLO, max_tokens=2, user=f"end-user-{i % 2}")
+            received[reply.headers["x-request-id"]] = "ok"
+        except openai.RateLimitError as err:
+            received[err.response.headers["x-request-id"]] = err.code
+    refused = {rid for rid, code in received.items() if code != "ok"}
+    assert refused and len(refused) < len(received)  # some served, some refused
+
+    def logged() -> dict[str, RequestLogEntry]:
+        writer.flush()
+        return {e.request_id: e for e in RequestLogEntry.objects.filter(tenant=tenant)}
+
+    procs.wait_until(lambda: len(logged()) == len(received), 15, "request log entries")
+    entries = logged()
+    assert set(entries) == set(received)
+    for rid, code in received.items():
+        entry = entries[rid]
+        assert entry.api_key_id == api_key.pk and entry.model_name == MODEL
+        assert entry.end_user in ("end-user-0", "end-user-1")
+        if code == "ok":
+            assert (entry.status, entry.http_status) == ("ok", 200)
+            assert entry.completion_tokens == 2 and entry.ttft_ms is not None
+        else:
+            assert (entry.status, entry.http_status, entry.error_code) == (
+                "refused", 429, code)
+            assert entry.completion_tokens == 0 and entry.prompt_tokens > 0
+    # The management API shows the same refusals, each with its code.
+    from tests.worlds import make_user
+
+    owner = make_user(f"owner-{tenant.pk}")
+    tenant.memberships.create(user=owner, role="owner")
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(owner)
+    page = api.get(f"/api/tenants/{tenant.slug}/requests/?status=refused").json()
+    assert {r["request_id"] for r in page["results"]} == refused
+    assert {r["error_code"] for r in page["results"]} == {"rate_limit_exceeded"}

@@ -68,7 +68,7 @@ from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
 from infra import clientaddr
 from infra.redis_conn import get_async_redis
-from metering import metrics, overhead
+from metering import metrics, overhead, requestlog
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
 from workers.engine.base import SamplingParams
 from workers.tokenization import load_tokenizer
@@ -186,6 +186,29 @@ class ApiConsumer(AsyncHttpConsumer):
             pool = getattr(self, "pool", None)
             overhead.observe(pool.name if pool is not None else "", self.overhead_ms())
 
+    async def log_refusal(self, err: ApiError) -> None:
+        """A refused request (never admitted) goes to its tenant's request log; an admitted one
+        is logged from its usage record, an anonymous one belongs to no tenant."""
+        principal: Principal | None = getattr(self, "principal", None)
+        if principal is None or getattr(self, "submission", None) is not None:
+            return
+        pool = getattr(self, "pool", None)
+        item = requestlog.refusal_json(
+            request_id=self.request_id, tenant_id=principal.tenant_id, key_id=principal.key_id,
+            model=getattr(self, "model_name", ""), pool=pool.name if pool is not None else "",
+            http_status=err.status, error_code=err.code or err.type,
+            end_user=getattr(self, "end_user", None), stream=getattr(self, "stream", False),
+            prompt_tokens=getattr(self, "prompt_tokens", 0),
+            total_ms=(time.perf_counter() - self.began) * 1000)
+        try:
+            await requestlog.arecord_refusal(get_async_redis(), item)
+        except redis.RedisError:
+            log.warning("request %s: refusal not logged (Redis unavailable)", self.request_id)
+
+    def noted(self, model: str, end_user: str | None, stream: bool) -> None:
+        """What the request log shows of a parsed request (never its content)."""
+        self.model_name, self.end_user, self.stream = model, end_user, stream
+
     def overhead_ms(self) -> float:
         """Time in the gateway so far, less the wait for the worker (metering.overhead)."""
         return max(0.0, (time.perf_counter() - self.began - self.waited) * 1000)
@@ -215,6 +238,7 @@ class ApiConsumer(AsyncHttpConsumer):
             await self._forward(body, wrong)
         except ApiError as err:
             await self.send_error(err)
+            await self.log_refusal(err)
         except redis.RedisError:
             # The shared state is unreachable: nothing could be charged, so a retry is safe.
             log.exception("request %s: Redis unavailable", self.request_id)
@@ -381,6 +405,7 @@ class CompletionConsumer(ApiConsumer):
         self.principal = principal
         data = load_json_object(body)
         req = self.parse_request(data)
+        self.noted(req.model, end_user_of(req), req.stream)
         resume = sse.parse_resume_id(self.header(b"last-event-id")) if self.resumable else None
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
@@ -424,10 +449,11 @@ class CompletionConsumer(ApiConsumer):
     async def _serve(self, principal: Principal, req: InferenceRequest, pool: PoolInfo,
                      prompt_ids: list[int], sampling: SamplingParams) -> tuple[int, bytes]:
         """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
+        self.prompt_tokens = len(prompt_ids)
         result = await facade.submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name,
             model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-            stream=req.stream, adapter=pool.adapter,
+            stream=req.stream, adapter=pool.adapter, end_user=end_user_of(req),
         )
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
@@ -540,6 +566,7 @@ class EmbeddingsConsumer(CompletionConsumer):
         principal = await self.authenticate()
         self.principal = principal
         req = embeddings.parse(load_json_object(body))
+        self.noted(req.model, end_user_of(req), False)
         pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
                                  principal.allowed_model_names)
         self.pool = pool
@@ -552,7 +579,8 @@ class EmbeddingsConsumer(CompletionConsumer):
         result = await facade.submit_request(
             request_id=self.request_id, principal=principal, pool=pool.name, model=req.model,
             prompt_token_ids=[t for p in prompts for t in p],
-            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter)
+            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter,
+            end_user=end_user_of(req))
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)
@@ -770,6 +798,12 @@ class Relay:
 
 
 FINISH_REASONS = frozenset({"stop", "length"})
+
+
+def end_user_of(req: object) -> str | None:
+    """The end user a request names (``safety_identifier``, else ``user``): for the log only."""
+    value = getattr(req, "safety_identifier", None) or getattr(req, "user", None)
+    return str(value)[:256] if value else None
 
 
 def new_request_id() -> str:

@@ -46,7 +46,7 @@ def usage_counts(usage: UsageInfo) -> UsageCounts:
 async def submit_request(
     *, request_id: str, principal: Principal, pool: str, model: str,
     prompt_token_ids: Sequence[int], sampling: SamplingParams, stream: bool,
-    adapter: str | None = None,
+    adapter: str | None = None, end_user: str | None = None,
 ) -> Submission | Rejection:
     limits = AdmissionLimits.from_limits(principal.tenant_limits(model), principal.limits(model))
     split = bool(settings.CELL) and len(principal.tenant_cells) > 1
@@ -61,5 +61,5 @@ async def submit_request(
         tenant_id=principal.tenant_id, key_id=principal.key_id, weight=principal.tenant_weight,
         model=model, pool=pool, prompt_token_ids=prompt_token_ids, sampling=sampling,
         limits=limits, stream=stream, request_id=request_id, cache_salt=principal.cache_salt,
-        adapter=adapter,
+        adapter=adapter, context={"end_user": end_user} if end_user else None,
     )
