@@ -161,3 +161,21 @@ def test_the_endpoint_is_in_the_openapi_document(world):
     client = APIClient()
     schema = client.get("/api/schema/?format=json").json()
     assert "/api/tenants/{tenant}/requests/" in schema["paths"]
+
+
+def test_portal_page_filters_and_shows_a_member_only_their_keys(world, client):
+    from django.utils import timezone
+
+    _entries(world)
+    RequestLogEntry.objects.update(at=timezone.now() - timedelta(minutes=5))
+    client.force_login(world.users["owner"])
+    page = client.get("/portal/requests/").content.decode()
+    assert all(f'data-request="{rid}"' in page
+               for rid in ("r-owner-ok", "r-owner-429", "r-member-429"))
+    assert 'data-request="r-other"' not in page and "rate_limit_exceeded" in page
+    refused = client.get("/portal/requests/?status=refused&end_user=bob").content.decode()
+    assert 'data-request="r-owner-429"' in refused and 'data-request="r-owner-ok"' not in refused
+    assert client.get("/portal/requests/?status=bogus&key=x").status_code == 200  # ignored
+    client.force_login(world.users["member"])
+    mine = client.get("/portal/requests/").content.decode()
+    assert 'data-request="r-member-429"' in mine and 'data-request="r-owner-ok"' not in mine
