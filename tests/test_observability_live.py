@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tenants.models import Pool
-from tests import procs
+from tests import otlp_receiver, procs
 from tests.factories import make_key, make_model, make_tenant
 from tests.prom import value
 
@@ -34,8 +34,17 @@ def ensure_pools() -> None:
 
 
 @pytest.fixture(scope="module")
-def system(live_system) -> Any:
-    return live_system(pool=POOL, worker_ids=["obs-w1"], env=SERVER_ENV, prepare=ensure_pools)
+def receiver() -> Any:
+    """An in-process OTLP/HTTP trace receiver the gateway and the worker export to."""
+    found = otlp_receiver.Receiver()
+    yield found
+    found.stop()
+
+
+@pytest.fixture(scope="module")
+def system(live_system, receiver) -> Any:
+    env = {**SERVER_ENV, **receiver.env()}
+    return live_system(pool=POOL, worker_ids=["obs-w1"], env=env, prepare=ensure_pools)
 
 
 @pytest.fixture
@@ -126,3 +135,41 @@ def test_request_log_shows_every_429_the_client_received(live, redis_client):
     page = api.get(f"/api/tenants/{tenant.slug}/requests/?status=refused").json()
     assert {r["request_id"] for r in page["results"]} == refused
     assert {r["error_code"] for r in page["results"]} == {"rate_limit_exceeded"}
+
+
+def test_one_connected_trace_from_gateway_to_worker_without_content(live, receiver):
+    tenant = make_tenant()
+    api_key, plain = make_key(tenant)
+    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    oai = openai.OpenAI(base_url=live["url"] + "/v1", api_key=plain, max_retries=0,
+                        default_headers={"traceparent": f"00-{client_trace}-{client_span}-01"})
+    with oai.chat.completions.with_streaming_response.create(
+            model=MODEL, messages=HELLO, max_tokens=6, stream=True,
+            stream_options={"include_usage": True}) as streamed:
+        assert streamed.headers["x-trace-id"] == client_trace  # the client's trace, continued
+        text = "".join(c.choices[0].delta.content or "" for c in streamed.parse() if c.choices)
+    assert text
+
+    wanted = {"POST /v1/chat/completions", "authenticate", "admission", "queue_wait",
+              "dispatch", "engine.prefill", "engine.decode", "settlement"}
+    procs.wait_until(lambda: wanted <= {s.name for s in receiver.trace(client_trace)}, 20,
+                     "the request's spans from both processes")
+    spans = receiver.trace(client_trace)
+    ids = {s.span_id for s in spans}
+    # Connected: every span's parent is in the trace, or is the client's own span.
+    assert all(s.parent_id in ids or s.parent_id == client_span for s in spans), spans
+    root = next(s for s in spans if s.name == "POST /v1/chat/completions")
+    assert root.parent_id == client_span
+    assert {s.service for s in spans} == {"inference-gateway", "inference-gateway-worker"}
+    worker_spans = [s for s in spans if s.service == "inference-gateway-worker"]
+    assert all(s.parent_id == root.span_id for s in worker_spans)
+    attrs = root.attributes
+    assert attrs["tenant"] == tenant.slug and attrs["key.prefix"] == api_key.prefix
+    assert attrs["gen_ai.request.model"] == MODEL and attrs["pool"] == POOL
+    assert attrs["http.response.status_code"] == 200
+    assert attrs["gen_ai.usage.output_tokens"] == 6 and attrs["gen_ai.usage.input_tokens"] > 0
+    decode = next(s for s in spans if s.name == "engine.decode")
+    assert decode.attributes["gen_ai.usage.output_tokens"] == 6
+    # Never content: neither the prompt nor the completion in any attribute.
+    values = " ".join(str(v) for s in spans for v in s.attributes.values())
+    assert "Say hello" not in values and text.strip() not in values

@@ -38,6 +38,7 @@ from typing import Any
 import redis
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
+from opentelemetry.trace import Span, Status, StatusCode
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
@@ -66,7 +67,7 @@ from gateway.inference.responses_api import ResponseBuilder, dumps_events, to_ch
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
-from infra import clientaddr
+from infra import clientaddr, tracing
 from infra.redis_conn import get_async_redis
 from metering import metrics, overhead, requestlog
 from tenants.auth import AuthError, Principal, aauthenticate_scope_request
@@ -78,6 +79,7 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 2.0  # how long a cancelled handler may take to settle before it is torn down
 JSON = (b"content-type", b"application/json")
 OVERHEAD_HEADER = b"x-gateway-overhead-ms"
+TRACE_HEADER = b"x-trace-id"  # the request's trace (infra.tracing), when tracing is on
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -98,6 +100,9 @@ class ApiConsumer(AsyncHttpConsumer):
         self._write_lock = asyncio.Lock()
         self.began = time.perf_counter()
         self.waited = 0.0  # seconds spent awaiting the worker's events (metering.overhead)
+        self.span: Span | None = None  # the request's trace span, while tracing is on
+        self.status = 0
+        self.usage_seen: facade.UsageInfo | None = None
         try:
             body = await self._read_body(receive)
         except ApiError as err:
@@ -180,11 +185,37 @@ class ApiConsumer(AsyncHttpConsumer):
             pass  # already logged by _run
 
     async def _run(self, body: bytes) -> None:
+        self.span = tracing.start_request(f"{self.scope['method']} {self.scope['path']}",
+                                          self.scope.get("headers", ()))
         try:
             await self._handle(body)
         finally:
             pool = getattr(self, "pool", None)
             overhead.observe(pool.name if pool is not None else "", self.overhead_ms())
+            if self.span is not None:
+                self._end_span(pool)
+
+    def _end_span(self, pool: PoolInfo | None) -> None:
+        """The request span's attributes (ids, names, counts, codes; never content)."""
+        span = self.span
+        assert span is not None
+        principal: Principal | None = getattr(self, "principal", None)
+        usage = self.usage_seen
+        tracing.set_attributes(
+            span, http__response__status_code=self.status or None,
+            gen_ai__request__model=getattr(self, "model_name", None),
+            pool=pool.name if pool is not None else None,
+            tenant=principal.tenant_slug if principal else None,
+            tenant__id=principal.tenant_id if principal else None,
+            project=getattr(self, "project_id", None),
+            key__prefix=principal.key_prefix if principal else None,
+            gen_ai__usage__input_tokens=usage.prompt_tokens if usage else None,
+            gen_ai__usage__output_tokens=usage.completion_tokens if usage else None,
+            request__id=self.request_id, gateway__overhead_ms=round(self.overhead_ms(), 3),
+            error__code=getattr(self, "error_code", None))
+        if self.status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
 
     async def log_refusal(self, err: ApiError) -> None:
         """A refused request (never admitted) goes to its tenant's request log; an admitted one
@@ -225,6 +256,8 @@ class ApiConsumer(AsyncHttpConsumer):
                     return
                 finally:
                     self.waited += time.perf_counter() - waiting
+                if isinstance(event, facade.FinishEvent):
+                    self.usage_seen = event.usage
                 yield event
         finally:
             closing = getattr(it, "aclose", None)
@@ -237,6 +270,7 @@ class ApiConsumer(AsyncHttpConsumer):
         except cells.WrongCell as wrong:
             await self._forward(body, wrong)
         except ApiError as err:
+            self.error_code = err.code or err.type
             await self.send_error(err)
             await self.log_refusal(err)
         except redis.RedisError:
@@ -283,8 +317,11 @@ class ApiConsumer(AsyncHttpConsumer):
         if self.started:
             return
         self.started = True
+        self.status = status
         raw = [*extra, (b"x-request-id", self.request_id.encode()),
                (OVERHEAD_HEADER, b"%.2f" % self.overhead_ms())]
+        if (trace_id := tracing.trace_id(self.span)) is not None:
+            raw.append((TRACE_HEADER, trace_id.encode()))
         if settings.CELL:
             raw.append((cells.CELL_HEADER, settings.CELL.encode()))
         raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
@@ -312,7 +349,8 @@ class ApiConsumer(AsyncHttpConsumer):
         try:
             # An API key, else an OIDC bearer token, else a client certificate bound to a
             # tenant (trusted only from configured proxies): the tenant comes from the credential.
-            principal = await aauthenticate_scope_request(self.scope)
+            with tracing.child(self.span, "authenticate"):
+                principal = await aauthenticate_scope_request(self.scope)
         except AuthError as err:
             raise ApiError(err.status, err.message, type=err.type, code=err.code,
                            headers=err.headers) from None
@@ -450,11 +488,12 @@ class CompletionConsumer(ApiConsumer):
                      prompt_ids: list[int], sampling: SamplingParams) -> tuple[int, bytes]:
         """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
         self.prompt_tokens = len(prompt_ids)
-        result = await facade.submit_request(
-            request_id=self.request_id, principal=principal, pool=pool.name,
-            model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-            stream=req.stream, adapter=pool.adapter, end_user=end_user_of(req),
-        )
+        with tracing.child(self.span, "admission", pool=pool.name):
+            result = await facade.submit_request(
+                request_id=self.request_id, principal=principal, pool=pool.name,
+                model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
+                stream=req.stream, adapter=pool.adapter, end_user=end_user_of(req),
+                trace=tracing.carrier(self.span))
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)
@@ -576,11 +615,13 @@ class EmbeddingsConsumer(CompletionConsumer):
         prompts = await asyncio.to_thread(embeddings.tokenize, req, pool.model,
                                           principal.limits(req.model))
         await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
-        result = await facade.submit_request(
-            request_id=self.request_id, principal=principal, pool=pool.name, model=req.model,
-            prompt_token_ids=[t for p in prompts for t in p],
-            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter,
-            end_user=end_user_of(req))
+        with tracing.child(self.span, "admission", pool=pool.name):
+            result = await facade.submit_request(
+                request_id=self.request_id, principal=principal, pool=pool.name,
+                model=req.model, prompt_token_ids=[t for p in prompts for t in p],
+                sampling=embeddings.sampling(req, prompts), stream=False,
+                adapter=pool.adapter, end_user=end_user_of(req),
+                trace=tracing.carrier(self.span))
         if isinstance(result, facade.Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)

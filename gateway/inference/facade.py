@@ -31,8 +31,8 @@ from serving.submission import (
 from tenants.auth import Principal
 from workers.engine.base import SamplingParams
 
-__all__ = ["ErrorEvent", "Event", "FinishEvent", "Rejection", "Submission", "TokenEvent", "attach",
-           "dumps", "submit_request", "usage_counts"]
+__all__ = ["ErrorEvent", "Event", "FinishEvent", "Rejection", "Submission", "TokenEvent",
+           "UsageInfo", "attach", "dumps", "submit_request", "usage_counts"]
 
 
 def dumps(data: Any) -> bytes:
@@ -46,7 +46,7 @@ def usage_counts(usage: UsageInfo) -> UsageCounts:
 async def submit_request(
     *, request_id: str, principal: Principal, pool: str, model: str,
     prompt_token_ids: Sequence[int], sampling: SamplingParams, stream: bool,
-    adapter: str | None = None, end_user: str | None = None,
+    adapter: str | None = None, end_user: str | None = None, trace: str | None = None,
 ) -> Submission | Rejection:
     limits = AdmissionLimits.from_limits(principal.tenant_limits(model), principal.limits(model))
     split = bool(settings.CELL) and len(principal.tenant_cells) > 1
@@ -61,5 +61,11 @@ async def submit_request(
         tenant_id=principal.tenant_id, key_id=principal.key_id, weight=principal.tenant_weight,
         model=model, pool=pool, prompt_token_ids=prompt_token_ids, sampling=sampling,
         limits=limits, stream=stream, request_id=request_id, cache_salt=principal.cache_salt,
-        adapter=adapter, context={"end_user": end_user} if end_user else None,
+        adapter=adapter, context=_context(end_user, trace),
     )
+
+
+def _context(end_user: str | None, trace: str | None) -> dict[str, str] | None:
+    """What the request's hash carries beyond the charge: for its usage record and trace."""
+    context = {"end_user": end_user, "trace": trace}
+    return {k: v for k, v in context.items() if v} or None
