@@ -352,6 +352,8 @@ CONTENT_LOG_MAX_PENDING = env_int("CONTENT_LOG_MAX_PENDING", 100_000, minimum=1)
 # refusals may wait in Redis for the writer (the newest are kept).
 REQUEST_LOG_RETENTION_DAYS = env_int("REQUEST_LOG_RETENTION_DAYS", 30, minimum=1)
 REQUEST_LOG_MAX_PENDING = env_int("REQUEST_LOG_MAX_PENDING", 100_000, minimum=1)
+# Fairness as an SLO (metering.fairness): the sliding window of the igw_fair_* gauges.
+FAIRNESS_WINDOW_SECONDS = env_int("FAIRNESS_WINDOW_SECONDS", 60, minimum=5)
 # Break-glass: self-approval (with an alert to ADMINS) only if explicitly allowed.
 BREAKGLASS_SELF_APPROVAL = env_bool("BREAKGLASS_SELF_APPROVAL", False)
 BREAKGLASS_MAX_MINUTES = env_int("BREAKGLASS_MAX_MINUTES", 8 * 60, minimum=1)

@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from infra import quietlog
 from infra.redis_conn import get_redis, key, pool_key, tenant_key
-from metering import overhead
+from metering import fairness, overhead
 from metering.keys import pools_key
 from metering.models import UsageRecord
 from tenants.models import Tenant
@@ -124,6 +124,7 @@ class RedisCollector(Collector):
         yield active
         yield _repeated_log_events(r)
         yield overhead.histogram(r.hgetall(overhead.overhead_key()))
+        yield from fairness.metrics(r, sorted(p.decode() for p in r.smembers(pools_key())), slug)
         yield from _pool_metrics(r)
 
 

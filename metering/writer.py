@@ -29,7 +29,7 @@ from django.db import transaction
 
 from infra.leased_queue import LeasedQueue
 from infra.redis_conn import get_redis
-from metering import metrics, requestlog
+from metering import fairness, metrics, requestlog
 from metering.keys import (
     dead_key,
     dirty_hours_key,
@@ -115,6 +115,7 @@ def _write_batch(client: Any, queue: LeasedQueue, token: str, raw: list[bytes],
         # A version per hour, not a set member: see metering.rollups for why.
         pipe.hincrby(dirty_hours_key(), hour.isoformat(), 1)
     metrics.add_records(pipe, records)
+    fairness.add_records(pipe, pairs)
     pipe.execute()
     released = queue.release(client, token)
     if not released:
