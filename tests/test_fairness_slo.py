@@ -84,3 +84,37 @@ def test_gauges_are_exported_per_pool_and_tenant(redis_client, settings):
     assert value(text, "igw_fair_backlogged", pool="fair-pool", tenant="fair-x") == 1.0
     assert value(text, "igw_fair_max_service_diff", pool="fair-pool") == 0.0
     assert value(text, "igw_fair_service_units", pool="fair-pool", tenant="fair-x") > 0
+
+
+def test_admin_fairness_page_and_live_data(admin_client, client, redis_client, settings):
+    import time
+
+    from django.contrib.auth.models import Permission
+
+    from tests.worlds import make_user
+
+    r = get_redis()
+    t = make_tenant("fair-admin")
+    now = time.time()
+    r.sadd(pools_key(), "fair-pool")
+    r.hset(fairness.weights_key("fair-pool"), str(t.pk), 2)
+    r.zadd(fairness.heads_key("fair-pool"), {str(t.pk): 1})
+    r.rpush(pending_key("fair-pool"), record("r-adm", t.pk, 10, 5, now - 2, now - 1))
+    writer.flush()
+    page = admin_client.get("/admin/metering/usagerecord/fairness/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'data-pool="fair-pool"' in html and 'data-tenant="fair-admin"' in html
+    assert "canvas" in html and "metering/fairness.js" in html
+    data = admin_client.get("/admin/metering/usagerecord/fairness/data/").json()
+    pool = next(p for p in data["pools"] if p["pool"] == "fair-pool")
+    row = next(x for x in pool["tenants"] if x["tenant"] == "fair-admin")
+    assert row["service_share"] == 1.0 and row["weight"] == 2.0 and row["backlogged"]
+    # Staff without the usage-record view permission are refused; with it, they see it.
+    staff = make_user("fair-staff", is_staff=True)
+    client.force_login(staff)
+    assert client.get("/admin/metering/usagerecord/fairness/data/").status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_usagerecord"))
+    assert client.get("/admin/metering/usagerecord/fairness/data/").status_code == 200
+    client.logout()
+    assert client.get("/admin/metering/usagerecord/fairness/").status_code == 302  # sign in
