@@ -268,7 +268,7 @@ def test_every_portal_page_fits_a_phone(browser, owner):
             assert state["font"] >= 12 and state["width"] <= 390  # readable, not shrunk
             snap(page, "phone-usage")
         assert_fits(page)
-        if path in ("keys", "quotas", "requests"):
+        if path in ("keys", "quotas"):
             snap(page, f"phone-{path}")
     # A key made on the phone is not minted again by a reload either.
     page.goto(f"{owner['url']}/portal/keys/new/")
@@ -435,6 +435,12 @@ def test_request_log_and_fairness_pages(browser, owner, redis_client):
     page.wait_for_url(re.compile(r"status=&"))
     snap(page, "requests")
     page.context.close()
+    phone = sign_in(browser, url, PHONE)
+    phone.goto(f"{url}/portal/requests/?status=refused")
+    assert phone.locator("#requests tbody tr").count() == 4
+    assert_fits(phone)
+    snap(phone, "phone-requests")
+    phone.context.close()
 
     # Three backlogged tenants of weights 3:1:1 sharing the pool, one of them short-changed.
     r = redis_client
