@@ -56,11 +56,12 @@ def setup(service_name: str, *, exporter: Any = None, simple: bool = False) -> b
     """
     if _state["enabled"] or (exporter is None and not wanted()):
         return bool(_state["enabled"])
-    from opentelemetry.sdk.resources import OTEL_SERVICE_NAME, Resource
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-    attributes = {} if os.environ.get(OTEL_SERVICE_NAME) else {"service.name": service_name}
+    # OTEL_SERVICE_NAME, when set, names the service (Resource.create reads it).
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service_name}
     provider = TracerProvider(resource=Resource.create(attributes))
     for exp in [exporter] if exporter is not None else _exporters():
         provider.add_span_processor(SimpleSpanProcessor(exp) if simple

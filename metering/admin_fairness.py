@@ -25,12 +25,16 @@ from tenants.models import Tenant
 POLL_MS = 5000
 
 
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def snapshot() -> dict[str, Any]:
     """Every pool's figures now, tenants by slug (the data endpoint's JSON)."""
     r = get_redis()
     slugs = {str(pk): slug for pk, slug in Tenant.objects.values_list("pk", "slug")}
     pools = []
-    for pool in sorted(p.decode() for p in r.smembers(pools_key())):
+    for pool in sorted(text(p) for p in r.smembers(pools_key())):
         pf = fairness.figures(r, pool)
         tenants = [{
             "tenant": slugs.get(tid, tid), "weight": f.weight, "backlogged": f.backlogged,

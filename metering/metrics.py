@@ -124,7 +124,8 @@ class RedisCollector(Collector):
         yield active
         yield _repeated_log_events(r)
         yield overhead.histogram(r.hgetall(overhead.overhead_key()))
-        yield from fairness.metrics(r, sorted(p.decode() for p in r.smembers(pools_key())), slug)
+        pools = sorted(p.decode() if isinstance(p, bytes) else p for p in r.smembers(pools_key()))
+        yield from fairness.metrics(r, pools, slug)
         yield from _pool_metrics(r)
 
 

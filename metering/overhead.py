@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 
@@ -92,9 +93,9 @@ def observe(pool: str, ms: float) -> None:
     _buffers.get().observe(pool, ms)
 
 
-def histogram(raw: dict[bytes, bytes]) -> Metric:
+def histogram(raw: Mapping[Any, Any]) -> Metric:
     """``igw_gateway_overhead_seconds{pool}`` from the ``metrics:overhead`` hash."""
-    fields = {k.decode(): float(v) for k, v in raw.items()}
+    fields = {(k.decode() if isinstance(k, bytes) else str(k)): float(v) for k, v in raw.items()}
     family = HistogramMetricFamily("igw_gateway_overhead_seconds", "Time spent in the gateway "
                                    "itself per request (excluding queue wait, engine time and "
                                    "the client's upload).", labels=["pool"])

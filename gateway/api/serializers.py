@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
+from metering.billing.pricing import PriceBook
 from metering.models import RequestLogEntry, UsageRecord, UsageRollup
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
@@ -153,7 +154,8 @@ class RequestLogEntrySerializer(serializers.ModelSerializer):
     def _priced(self, entry: RequestLogEntry) -> tuple[Decimal, str]:
         if entry.status == "refused":  # never admitted, so never charged
             return Decimal(0), "-"
-        return self.context["prices"].cost(entry.model_name, entry.at, entry.prompt_tokens,
+        prices: PriceBook = self.context["prices"]
+        return prices.cost(entry.model_name, entry.at, entry.prompt_tokens,
                                            entry.cached_tokens, entry.completion_tokens)
 
     @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=10,

@@ -23,7 +23,8 @@ STATUSES = ("ok", "refused", "cancelled", "error", "expired")
 @tenant_view("usage")
 def request_log_page(request: TenantRequest) -> HttpResponse:
     params = request.GET
-    span = params.get("range") if params.get("range") in RANGES else "24h"
+    span = params.get("range") or "24h"
+    span = span if span in RANGES else "24h"
     qs = RequestLogEntry.objects.filter(tenant=request.tenant,
                                         at__gte=timezone.now() - RANGES[span])
     key_ids = own_key_ids(request)
