@@ -22,7 +22,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,14 +228,14 @@ async def submit(
     stream: bool, request_id: str | None = None, cache_salt: str | None = None,
     priority: int = 0, now: float | None = None, adapter: str | None = None,
     budget_rules: Sequence[budgets.BudgetRule] = (), prices: budgets.UnitPrices | None = None,
-    end_user: str = "",
+    context: Mapping[str, str] | None = None,
 ) -> Submission | Rejection:
     """Admit and enqueue one tokenized request (see the module docstring).
 
     ``limits``: ``AdmissionLimits.from_limits(principal.tenant_limits(m), principal.limits(m))``.
-    ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``. ``end_user``: the
-    tenant's own id for its end user (``tenants.budgets.end_user_of``), kept on the request
-    and written into its usage record. ``budget_rules`` are reserved against at ``prices``
+    ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``.
+    ``context``: fields kept in the request's hash for its usage record and trace (the end
+    user, the W3C traceparent); never content. ``budget_rules`` are reserved against at ``prices``
     (the model's price now), in the same admission.
     """
     rid = request_id or f"req-{uuid.uuid4().hex}"
@@ -256,7 +256,7 @@ async def submit(
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
                "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
-               "adapter": adapter or "", "end_user": end_user or ""},
+               "adapter": adapter or "", **(context or {})},
         budgets=reservation,
     )
     if not isinstance(result, Admitted):

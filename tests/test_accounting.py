@@ -196,7 +196,7 @@ def test_usage_record_carries_counts_never_content(redis_client):
         "cached_tokens",
         "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms", "status", "finish_reason",
         "error_code", "stream", "admitted_at_ms", "dispatched_at_ms", "first_token_at_ms",
-        "settled_at_ms",  # an identifier the caller chose, never content (I4)
+        "settled_at_ms", "project_id",  # ids for the request log, not content
     }
     assert record["total_ms"] == 2000
     assert [e[1] for e in redis_client.xrange(stream_key("p", "r"))] == [{b"f": b"length",

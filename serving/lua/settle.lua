@@ -71,6 +71,8 @@ local record = {
   dispatched_at_ms = dispatched or cjson.null,
   first_token_at_ms = first or cjson.null,
   settled_at_ms = now_ms,
+  -- For the tenants' request log (metering.requestlog); set by submit's context when known.
+  project_id = tonumber(h.project or '') or cjson.null,
 }
 local encoded = cjson.encode(record)
 redis.call('RPUSH', KEYS[3], encoded)
