@@ -256,7 +256,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
             request_id=self.request_id, tenant_id=principal.tenant_id, key_id=principal.key_id,
             model=getattr(self, "model_name", ""), pool=pool.name if pool is not None else "",
             http_status=err.status, error_code=err.code or err.type,
-            end_user=getattr(self, "end_user", None), stream=getattr(self, "stream", False),
+            end_user=getattr(self, "end_user", "") or None, stream=getattr(self, "stream", False),
             prompt_tokens=getattr(self, "prompt_tokens", 0),
             total_ms=(time.perf_counter() - self.began) * 1000)
         try:
@@ -264,9 +264,10 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         except redis.RedisError:
             log.warning("request %s: refusal not logged (Redis unavailable)", self.request_id)
 
-    def noted(self, model: str, end_user: str | None, stream: bool) -> None:
-        """What the request log shows of a parsed request (never its content)."""
-        self.model_name, self.end_user, self.stream = model, end_user, stream
+    def noted(self, model: str, stream: bool) -> None:
+        """What the request log shows of a parsed request (never its content; the end user is
+        ``self.end_user``, set with the request)."""
+        self.model_name, self.stream = model, stream
 
     def overhead_ms(self) -> float:
         """Time in the gateway so far, less the wait for the worker (metering.overhead)."""
@@ -478,7 +479,7 @@ class CompletionConsumer(ApiConsumer):
         data = load_json_object(body)
         req = self.parse_request(data)
         self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
-        self.noted(req.model, self.end_user or None, req.stream)
+        self.noted(req.model, req.stream)
         resume = sse.parse_resume_id(self.header(b"last-event-id")) if self.resumable else None
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
@@ -642,7 +643,7 @@ class EmbeddingsConsumer(CompletionConsumer):
         data = load_json_object(body)
         req = embeddings.parse(data)
         self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
-        self.noted(req.model, self.end_user or None, False)
+        self.noted(req.model, False)
         pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
                                  principal.allowed_model_names)
         self.pool = pool

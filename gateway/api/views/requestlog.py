@@ -56,7 +56,7 @@ def filter_log(qs: QuerySet[RequestLogEntry], request: Request) -> QuerySet[Requ
 
 
 @extend_schema_view(list=extend_schema(parameters=REQUEST_LOG_PARAMS))
-class RequestLogViewSet(mixins.ListModelMixin, TenantScoped):
+class RequestLogViewSet(mixins.ListModelMixin, TenantScoped[RequestLogEntry]):
     """Recent requests, newest first: outcome, error code, tokens, cost, timings; no content.
     A member sees the requests of their own keys."""
 
