@@ -329,12 +329,21 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # A 401/403/404/405/429 is a refusal the API meant to give: one line, no traceback
+    # (infra.quietlog). Django's own "django" handlers are replaced by the root's, so a request
+    # is not logged twice (once by Django's console handler, once by the root's).
+    "filters": {"expected_refusals": {"()": "infra.quietlog.ExpectedRefusals"},
+                "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"},
+                 "mail_admins": {"level": "ERROR", "filters": ["require_debug_false"],
+                                 "class": "django.utils.log.AdminEmailHandler"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # Beat runs the janitor, usage flush and content-log drain every few seconds; one line per
     # task run would drown everything else at INFO.
     "loggers": {
-        name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")
+        **{name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")},
+        "django": {"handlers": ["mail_admins"], "level": "INFO", "propagate": True},
+        "django.request": {"filters": ["expected_refusals"], "propagate": True},
     },
 }
 
@@ -344,6 +353,12 @@ LOGGING = {
 CONTENT_LOG_MASTER_KEYS = env_str("CONTENT_LOG_MASTER_KEYS", "")
 CONTENT_LOG_MAX_RETENTION_DAYS = 30  # the policy's ceiling, not a knob
 CONTENT_LOG_MAX_PENDING = env_int("CONTENT_LOG_MAX_PENDING", 100_000, minimum=1)
+# The tenants' request log (metering.requestlog): how long entries are kept, and how many
+# refusals may wait in Redis for the writer (the newest are kept).
+REQUEST_LOG_RETENTION_DAYS = env_int("REQUEST_LOG_RETENTION_DAYS", 30, minimum=1)
+REQUEST_LOG_MAX_PENDING = env_int("REQUEST_LOG_MAX_PENDING", 100_000, minimum=1)
+# Fairness as an SLO (metering.fairness): the sliding window of the igw_fair_* gauges.
+FAIRNESS_WINDOW_SECONDS = env_int("FAIRNESS_WINDOW_SECONDS", 60, minimum=5)
 # Break-glass: self-approval (with an alert to ADMINS) only if explicitly allowed.
 BREAKGLASS_SELF_APPROVAL = env_bool("BREAKGLASS_SELF_APPROVAL", False)
 BREAKGLASS_MAX_MINUTES = env_int("BREAKGLASS_MAX_MINUTES", 8 * 60, minimum=1)

@@ -14,6 +14,7 @@ from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
 from django.utils.functional import cached_property
 
+from metering.admin_fairness import FairnessAdminMixin
 from metering.models import UsageRecord, UsageRollup
 
 
@@ -60,7 +61,7 @@ def counted(field: str, label: str | None = None):  # type: ignore[no-untyped-de
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(_ReadOnly[UsageRecord]):
+class UsageRecordAdmin(FairnessAdminMixin, _ReadOnly[UsageRecord]):
     list_display = ("request_id", "tenant", "api_key", "model_name", "pool_name",
                     counted("prompt_tokens"), counted("cached_tokens"),
                     counted("completion_tokens"), counted("ttft_ms"), counted("total_ms"),

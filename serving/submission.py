@@ -22,7 +22,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,12 +137,15 @@ class Submission:
         """Whether the next stream entry is already here (the relay then batches its write)."""
         return self._sub is not None and self._sub.ready > 0
 
-    async def events(self, last_event_id: str = "0-0") -> AsyncIterator[Event]:
+    async def events(self, last_event_id: str = "0-0", *,
+                     first: str = "The first token") -> AsyncIterator[Event]:
         """Token events, then one FinishEvent or ErrorEvent. Resumable after ``last_event_id``.
 
         Deadlines run from admission: no token by ``ttft_deadline_s`` or no end by
         ``total_deadline_s`` yields ErrorEvent(ttft_deadline_exceeded | deadline_exceeded) and
         cancels the request (the engine aborts it; the worker bills the tokens it generated).
+        ``first`` names what the first deadline waits for in its message (an embeddings
+        request has no "first token").
         """
         got_token = last_event_id != "0-0"
         first_by = self._started + self.ttft_deadline_s
@@ -153,7 +156,7 @@ class Submission:
             while True:
                 entry = await sub.next_before(end_by if got_token else first_by)
                 if entry is None:
-                    yield await self._expire(ttft=not got_token)
+                    yield await self._expire(ttft=not got_token, first=first)
                     return
                 for event in _event(entry):
                     got_token = got_token or isinstance(event, TokenEvent)
@@ -162,11 +165,11 @@ class Submission:
                     self._ended = True
                     return
 
-    async def _expire(self, *, ttft: bool) -> ErrorEvent:
+    async def _expire(self, *, ttft: bool, first: str) -> ErrorEvent:
         code = "ttft_deadline_exceeded" if ttft else "deadline_exceeded"
         limit = self.ttft_deadline_s if ttft else self.total_deadline_s
         await self.cancel(code)
-        what = "The first token did not arrive" if ttft else "The response did not finish"
+        what = f"{first} did not arrive" if ttft else "The response did not finish"
         # A first-token timeout is congestion and may pass; a total timeout would recur.
         return ErrorEvent(code, f"{what} within {limit:g} s; the request was cancelled.",
                           retryable=ttft)
@@ -225,13 +228,15 @@ async def submit(
     stream: bool, request_id: str | None = None, cache_salt: str | None = None,
     priority: int = 0, now: float | None = None, adapter: str | None = None,
     budget_rules: Sequence[budgets.BudgetRule] = (), prices: budgets.UnitPrices | None = None,
-    end_user: str = "",
+    context: Mapping[str, str] | None = None,
 ) -> Submission | Rejection:
     """Admit and enqueue one tokenized request (see the module docstring).
 
     ``limits``: ``AdmissionLimits.from_limits(principal.tenant_limits(m), principal.limits(m))``.
-    ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``. ``budget_rules`` are
-    reserved against at ``prices`` (the model's price now), in the same admission.
+    ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``.
+    ``context``: fields kept in the request's hash for its usage record and trace (the end
+    user, the W3C traceparent); never content. ``budget_rules`` are reserved against at ``prices``
+    (the model's price now), in the same admission.
     """
     rid = request_id or f"req-{uuid.uuid4().hex}"
     if not _RID.fullmatch(rid):
@@ -251,7 +256,7 @@ async def submit(
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
                "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
-               "adapter": adapter or "", "eu": end_user},
+               "adapter": adapter or "", **(context or {})},
         budgets=reservation,
     )
     if not isinstance(result, Admitted):

@@ -22,6 +22,7 @@ from serving.budgets import UnitPrices, counter_key
 from serving.keys import deadlines_key, inflight_key
 from serving.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
 from serving.tokenization import load_tokenizer
+from serving.wire import SamplingParams
 from tenants.budgets import BudgetRule, window
 from tests import rkeys
 from tests.factories import make_model, make_pool
@@ -35,7 +36,6 @@ from tests.procs import (
     wait_for_worker,
     wait_until,
 )
-from workers.engine.base import SamplingParams
 
 # django_db: the session then sets up the test database, which the module fixture fills.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.django_db]

@@ -13,8 +13,9 @@ from rest_framework import serializers
 
 from metering.billing.budget_status import status_of
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
+from metering.billing.pricing import PriceBook
 from metering.billing.reports import Report
-from metering.models import UsageRecord, UsageRollup
+from metering.models import RequestLogEntry, UsageRecord, UsageRollup
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
 from tenants.models import (
@@ -158,6 +159,35 @@ class UsageRecordSerializer(serializers.ModelSerializer[UsageRecord]):
                   "cached_tokens", "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms",
                   "status", "finish_reason", "error_code", "stream", "end_user", "started_at",
                   "finished_at"]
+
+
+class RequestLogEntrySerializer(serializers.ModelSerializer[RequestLogEntry]):
+    cost = serializers.SerializerMethodField(help_text="At the model's price when it ended; "
+                                             "null for an unpriced model.")
+    currency = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RequestLogEntry
+        fields = ["request_id", "at", "api_key", "project_id", "end_user", "model_name",
+                  "pool_name", "http_status", "status", "error_code", "prompt_tokens",
+                  "cached_tokens", "completion_tokens", "cost", "currency", "ttft_ms",
+                  "total_ms", "stream"]
+
+    def _priced(self, entry: RequestLogEntry) -> tuple[Decimal, str]:
+        if entry.status == "refused":  # never admitted, so never charged
+            return Decimal(0), "-"
+        prices: PriceBook = self.context["prices"]
+        return prices.cost(entry.model_name, entry.at, entry.prompt_tokens,
+                                           entry.cached_tokens, entry.completion_tokens)
+
+    @extend_schema_field(serializers.DecimalField(max_digits=20, decimal_places=10,
+                                                  allow_null=True))
+    def get_cost(self, entry: RequestLogEntry) -> str | None:
+        cost, currency = self._priced(entry)
+        return str(cost) if currency else None
+
+    def get_currency(self, entry: RequestLogEntry) -> str:
+        return self._priced(entry)[1].strip("-")
 
 
 class UsageRollupSerializer(serializers.ModelSerializer[UsageRollup]):

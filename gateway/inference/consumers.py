@@ -38,6 +38,7 @@ from typing import Any
 import redis
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
+from opentelemetry.trace import Span, Status, StatusCode
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
@@ -62,16 +63,26 @@ from gateway.inference.errors import (
     unavailable,
 )
 from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
-from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
-from gateway.inference.responses_api import ResponseBuilder, dumps_events, to_chat
+from gateway.inference.requests import (
+    InferenceRequest,
+    Kind,
+    load_json_object,
+    parse_object,
+)
+from gateway.inference.responses_api import (
+    ResponseBuilder,
+    dumps_events,
+    responses_param,
+    to_chat,
+)
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.sizing import size_request, tokenize
 from gateway.inference.submit import submit_request
 from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
-from infra import clientaddr
+from infra import clientaddr, tracing
 from infra.redis_conn import get_async_redis
-from metering import metrics
+from metering import metrics, overhead, requestlog
 from serving.submission import (
     ErrorEvent,
     Event,
@@ -79,6 +90,7 @@ from serving.submission import (
     Rejection,
     Submission,
     TokenEvent,
+    UsageInfo,
     attach,
 )
 from serving.tokenization import load_tokenizer
@@ -90,6 +102,8 @@ log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 2.0  # how long a cancelled handler may take to settle before it is torn down
 JSON = (b"content-type", b"application/json")
+OVERHEAD_HEADER = b"x-gateway-overhead-ms"
+TRACE_HEADER = b"x-trace-id"  # the request's trace (infra.tracing), when tracing is on
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -113,6 +127,11 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         self.started = False  # response headers sent
         self.finished = False  # last body part sent
         self._write_lock = asyncio.Lock()
+        self.began = time.perf_counter()
+        self.waited = 0.0  # seconds spent awaiting the worker's events (metering.overhead)
+        self.span: Span | None = None  # the request's trace span, while tracing is on
+        self.status = 0
+        self.usage_seen: UsageInfo | None = None
         try:
             body = await self._read_body(receive)
         except ApiError as err:
@@ -120,6 +139,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
             return
         if body is None:
             return  # gone before it finished sending
+        self.began = time.perf_counter()  # the client's upload is not the gateway's time
         handler = asyncio.create_task(self._run(body))
         watcher = asyncio.create_task(self._watch(receive))
         hook = functools.partial(self._stop_soon, handler)
@@ -193,12 +213,95 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
             pass  # already logged by _run
 
     async def _run(self, body: bytes) -> None:
+        self.span = tracing.start_request(f"{self.scope['method']} {self.scope['path']}",
+                                          self.scope.get("headers", ()))
+        try:
+            await self._handle(body)
+        finally:
+            pool = getattr(self, "pool", None)
+            overhead.observe(pool.name if pool is not None else "", self.overhead_ms())
+            if self.span is not None:
+                self._end_span(pool)
+
+    def _end_span(self, pool: PoolInfo | None) -> None:
+        """The request span's attributes (ids, names, counts, codes; never content)."""
+        span = self.span
+        assert span is not None
+        principal: Principal | None = getattr(self, "principal", None)
+        usage = self.usage_seen
+        tracing.set_attributes(
+            span, http__response__status_code=self.status or None,
+            gen_ai__request__model=getattr(self, "model_name", None),
+            pool=pool.name if pool is not None else None,
+            tenant=principal.tenant_slug if principal else None,
+            tenant__id=principal.tenant_id if principal else None,
+            project=getattr(self, "project_id", None),
+            key__prefix=principal.key_prefix if principal else None,
+            gen_ai__usage__input_tokens=usage.prompt_tokens if usage else None,
+            gen_ai__usage__output_tokens=usage.completion_tokens if usage else None,
+            request__id=self.request_id, gateway__overhead_ms=round(self.overhead_ms(), 3),
+            error__code=getattr(self, "error_code", None))
+        if self.status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
+    async def log_refusal(self, err: ApiError) -> None:
+        """A refused request (never admitted) goes to its tenant's request log; an admitted one
+        is logged from its usage record, an anonymous one belongs to no tenant."""
+        principal: Principal | None = getattr(self, "principal", None)
+        if principal is None or getattr(self, "submission", None) is not None:
+            return
+        pool = getattr(self, "pool", None)
+        item = requestlog.refusal_json(
+            request_id=self.request_id, tenant_id=principal.tenant_id, key_id=principal.key_id,
+            model=getattr(self, "model_name", ""), pool=pool.name if pool is not None else "",
+            http_status=err.status, error_code=err.code or err.type,
+            end_user=getattr(self, "end_user", "") or None, stream=getattr(self, "stream", False),
+            prompt_tokens=getattr(self, "prompt_tokens", 0),
+            total_ms=(time.perf_counter() - self.began) * 1000)
+        try:
+            await requestlog.arecord_refusal(get_async_redis(), item)
+        except redis.RedisError:
+            log.warning("request %s: refusal not logged (Redis unavailable)", self.request_id)
+
+    def noted(self, model: str, stream: bool) -> None:
+        """What the request log shows of a parsed request (never its content; the end user is
+        ``self.end_user``, set with the request)."""
+        self.model_name, self.stream = model, stream
+
+    def overhead_ms(self) -> float:
+        """Time in the gateway so far, less the wait for the worker (metering.overhead)."""
+        return max(0.0, (time.perf_counter() - self.began - self.waited) * 1000)
+
+    async def timed(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        """The submission's events; the time spent awaiting each one is the worker's, not ours."""
+        it = aiter(events)
+        try:
+            while True:
+                waiting = time.perf_counter()
+                try:
+                    event = await anext(it)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    self.waited += time.perf_counter() - waiting
+                if isinstance(event, FinishEvent):
+                    self.usage_seen = event.usage
+                yield event
+        finally:
+            closing = getattr(it, "aclose", None)
+            if closing is not None:
+                await closing()
+
+    async def _handle(self, body: bytes) -> None:
         try:
             await self.handle(body)
         except cells.WrongCell as wrong:
             await self._forward(body, wrong)
         except ApiError as err:
+            self.error_code = err.code or err.type
             await self.send_error(err)
+            await self.log_refusal(err)
         except redis.RedisError:
             # The shared state is unreachable: nothing could be charged, so a retry is safe.
             log.exception("request %s: Redis unavailable", self.request_id)
@@ -249,7 +352,11 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         if self.started:
             return
         self.started = True
-        raw = [*extra, (b"x-request-id", self.request_id.encode())]
+        self.status = status
+        raw = [*extra, (b"x-request-id", self.request_id.encode()),
+               (OVERHEAD_HEADER, b"%.2f" % self.overhead_ms())]
+        if (trace_id := tracing.trace_id(self.span)) is not None:
+            raw.append((TRACE_HEADER, trace_id.encode()))
         if settings.CELL:
             raw.append((cells.CELL_HEADER, settings.CELL.encode()))
         raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
@@ -277,7 +384,8 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         try:
             # An API key, else an OIDC bearer token, else a client certificate bound to a
             # tenant (trusted only from configured proxies): the tenant comes from the credential.
-            principal = await aauthenticate_scope_request(self.scope)
+            with tracing.child(self.span, "authenticate"):
+                principal = await aauthenticate_scope_request(self.scope)
         except AuthError as err:
             raise ApiError(err.status, err.message, type=err.type, code=err.code,
                            headers=err.headers) from None
@@ -371,6 +479,7 @@ class CompletionConsumer(ApiConsumer):
         data = load_json_object(body)
         req = self.parse_request(data)
         self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
+        self.noted(req.model, req.stream)
         resume = sse.parse_resume_id(self.header(b"last-event-id")) if self.resumable else None
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
@@ -414,11 +523,13 @@ class CompletionConsumer(ApiConsumer):
     async def _serve(self, principal: Principal, req: InferenceRequest, pool: PoolInfo,
                      prompt_ids: list[int], sampling: SamplingParams) -> tuple[int, bytes]:
         """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
-        result = await submit_request(
-            request_id=self.request_id, principal=principal, pool=pool.name,
-            model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-            stream=req.stream, adapter=pool.adapter, end_user=getattr(self, "end_user", ""),
-        )
+        self.prompt_tokens = len(prompt_ids)
+        with tracing.child(self.span, "admission", pool=pool.name):
+            result = await submit_request(
+                request_id=self.request_id, principal=principal, pool=pool.name,
+                model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
+                stream=req.stream, adapter=pool.adapter, end_user=self.end_user,
+                trace=tracing.carrier(self.span))
         if isinstance(result, Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)
@@ -434,7 +545,7 @@ class CompletionConsumer(ApiConsumer):
 
     async def relay(self, req: InferenceRequest, sub: Submission,
                     headers: dict[str, str]) -> None:
-        await Relay(self, req, sub.events(), headers).run()
+        await Relay(self, req, self.timed(sub.events()), headers).run()
 
     async def _resume(self, principal: Principal, req: InferenceRequest, rid: str,
                       last_id: str) -> None:
@@ -448,9 +559,9 @@ class CompletionConsumer(ApiConsumer):
         if needs_assembler(req):
             # The assembler needs the model's tool parser and tokenizer.
             pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
-                                     principal.allowed_model_names)
+                                     principal.allowed_model_names, served_only=False)
             self.pool = pool
-        await Relay(self, req, found.events(last_id), {}, resumed=True).run()
+        await Relay(self, req, self.timed(found.events(last_id)), {}, resumed=True).run()
 
     def assembler(self, req: InferenceRequest) -> Assembler | None:
         """The choice assembler for requests off the plain text path (tools, n, logprobs)."""
@@ -470,7 +581,7 @@ class CompletionConsumer(ApiConsumer):
         pieces: list[str] = []
         tokens = 0
         asm = self.assembler(req)
-        async for event in sub.events():
+        async for event in self.timed(sub.events()):
             if isinstance(event, TokenEvent):
                 if asm is not None:
                     asm.feed(event.text)
@@ -529,7 +640,10 @@ class EmbeddingsConsumer(CompletionConsumer):
     async def handle(self, body: bytes) -> None:
         principal = await self.authenticate()
         self.principal = principal
-        req = embeddings.parse(load_json_object(body))
+        data = load_json_object(body)
+        req = embeddings.parse(data)
+        self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
+        self.noted(req.model, False)
         pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
                                  principal.allowed_model_names)
         self.pool = pool
@@ -539,10 +653,13 @@ class EmbeddingsConsumer(CompletionConsumer):
         prompts = await asyncio.to_thread(embeddings.tokenize, req, pool.model,
                                           principal.limits(req.model))
         await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
-        result = await submit_request(
-            request_id=self.request_id, principal=principal, pool=pool.name, model=req.model,
-            prompt_token_ids=[t for p in prompts for t in p],
-            sampling=embeddings.sampling(req, prompts), stream=False, adapter=pool.adapter)
+        with tracing.child(self.span, "admission", pool=pool.name):
+            result = await submit_request(
+                request_id=self.request_id, principal=principal, pool=pool.name,
+                model=req.model, prompt_token_ids=[t for p in prompts for t in p],
+                sampling=embeddings.sampling(req, prompts), stream=False,
+                adapter=pool.adapter, end_user=self.end_user,
+                trace=tracing.carrier(self.span))
         if isinstance(result, Rejection):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
                                           result.reason)
@@ -551,7 +668,7 @@ class EmbeddingsConsumer(CompletionConsumer):
         if self.disconnected.is_set():
             await result.cancel("client_disconnect")
         vectors: list[list[float]] = []
-        async for event in result.events():
+        async for event in self.timed(result.events(first="The embeddings")):
             if isinstance(event, TokenEvent):
                 vectors = embeddings.unpack(event.text)
             elif isinstance(event, FinishEvent) and event.finish_reason == "stop":
@@ -569,6 +686,13 @@ class ResponsesConsumer(CompletionConsumer):
 
     kind: Kind = "chat"
     resumable = False
+
+    async def handle(self, body: bytes) -> None:
+        try:
+            await super().handle(body)
+        except ApiError as err:
+            err.param = responses_param(err.param)  # the chat field names as sent in Responses
+            raise
 
     def parse_request(self, data: dict[str, Any]) -> InferenceRequest:
         self.body_data = data
@@ -590,7 +714,7 @@ class ResponsesConsumer(CompletionConsumer):
         tokens = 0
         ticker = asyncio.create_task(self._keepalive(headers, builder))
         try:
-            async for event in sub.events():
+            async for event in self.timed(sub.events()):
                 if isinstance(event, TokenEvent):
                     await self._begin(headers, builder)
                     tokens += event.token_count

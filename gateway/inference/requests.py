@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.inference.errors import (
     ApiError,
@@ -42,11 +42,11 @@ MAX_LOGIT_BIAS = 300  # entries
 # Parameters OpenAI defines that we refuse rather than ignore (clients would get wrong results).
 UNSUPPORTED = frozenset({
     "functions", "function_call", "audio", "modalities", "prediction",
-    "reasoning_effort", "web_search_options", "echo", "best_of", "suffix",
+    "reasoning_effort", "web_search_options", "echo", "best_of", "suffix", "verbosity",
 })
 COMMON = frozenset({
-    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "user", "safety_identifier",
-    "stream",
+    "model", "max_tokens", "temperature", "top_p", "stop", "seed", "user", "stream",
+    "safety_identifier", "prompt_cache_key",
     "stream_options", "n", "metadata", "store", "service_tier", "ignore_eos",
     "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
     # vLLM's extensions (the official client sends them with ``extra_body``).
@@ -75,7 +75,12 @@ class InferenceRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str | None = None
-    safety_identifier: str | None = None  # the end user, OpenAI's newer name (budgets)
+    # OpenAI's newer name for the end user (``tenants.budgets.end_user_of`` reads either).
+    safety_identifier: str | None = None
+    # A hint that requests sharing it share a prompt prefix. Caching stays inside the tenant's
+    # own salt (I1): the key never widens the scope, so it is accepted and changes nothing
+    # another tenant can see.
+    prompt_cache_key: str | None = None
     stream: bool = False
     include_usage: bool = False
     # vLLM's extension (sent with the official client's ``extra_body``): generate max_tokens
@@ -124,6 +129,7 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         seed=_int(fields, "seed", None, -(2**63), 2**63 - 1),
         user=_string(fields, "user", max_len=256),
         safety_identifier=_string(fields, "safety_identifier", max_len=256),
+        prompt_cache_key=_string(fields, "prompt_cache_key", max_len=256),
         stream=stream,
         include_usage=_include_usage(fields, stream),
         ignore_eos=_bool(fields, "ignore_eos", False),
@@ -139,6 +145,21 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         parallel_tool_calls=_bool(fields, "parallel_tool_calls", True),
         response_format=parse_response_format(fields.get("response_format")),
     )
+
+
+class EndUserFields(Protocol):
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def safety_identifier(self) -> str | None: ...
+
+
+def end_user_id(req: EndUserFields) -> str | None:
+    """The end user a request is made for, inside its tenant: ``safety_identifier`` (OpenAI's
+    current name), else ``user`` (the older one); None when the client named nobody. The one
+    place that decides it: usage records and end-user budgets key by this value."""
+    return req.safety_identifier or req.user or None
 
 
 def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:

@@ -22,7 +22,7 @@ from tenants.auth import Principal
 async def submit_request(
     *, request_id: str, principal: Principal, pool: str, model: str,
     prompt_token_ids: Sequence[int], sampling: SamplingParams, stream: bool,
-    adapter: str | None = None, end_user: str = "",
+    adapter: str | None = None, end_user: str = "", trace: str | None = None,
 ) -> Submission | Rejection:
     if principal.over_budget:
         return over_budget(request_id)
@@ -41,7 +41,8 @@ async def submit_request(
         tenant_id=principal.tenant_id, key_id=principal.key_id, weight=principal.tenant_weight,
         model=model, pool=pool, prompt_token_ids=prompt_token_ids, sampling=sampling,
         limits=limits, stream=stream, request_id=request_id, cache_salt=principal.cache_salt,
-        adapter=adapter, budget_rules=rules, prices=prices, end_user=end_user,
+        adapter=adapter, budget_rules=rules, prices=prices,
+        context=_context(end_user, trace, principal.project_id),
     )
 
 
@@ -51,3 +52,11 @@ def over_budget(request_id: str) -> Rejection:
                      RateLimitInfo(-1, -1, -1, -1, 0.0),
                      message="This API key is over budget: a spend alert's hard cap stopped "
                              "it. A tenant owner can raise the cap or resume the key.")
+
+
+def _context(end_user: str, trace: str | None, project: int | None) -> dict[str, str] | None:
+    """What the request's hash carries beyond the charge: for its usage record, the request
+    log and the trace (ids only, never content)."""
+    context = {"end_user": end_user, "trace": trace,
+               "project": "" if project is None else str(project)}
+    return {k: v for k, v in context.items() if v} or None

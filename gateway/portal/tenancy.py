@@ -94,6 +94,7 @@ def tenant_view(
 # table drives the menu, the "current page" mark and where a tenant switch lands.
 NAV: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("usage", "Usage", "usage", ()),
+    ("requests", "Requests", "usage", ()),
     ("keys", "API keys", "keys", ("key_create", "key_created", "key_revoke", "key_rotate",
                                   "key_resume")),
     ("quotas", "Quotas", "quotas", ()),

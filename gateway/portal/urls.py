@@ -10,6 +10,7 @@ from gateway.portal.views import (
     keys,
     members,
     playground,
+    requestlog,
     tokens,
     usage,
 )
@@ -44,6 +45,7 @@ urlpatterns = [
     path("keys/<int:pk>/resume/", keys.key_resume, name="key_resume"),
     path("usage/", usage.usage_page, name="usage"),
     path("quotas/", usage.quotas_page, name="quotas"),
+    path("requests/", requestlog.request_log_page, name="requests"),
     path("content-logging/", content_logging.content_logging_page, name="content_logging"),
     path("playground/", playground.playground_page, name="playground"),
     path("playground/key/", playground.playground_key_view, name="playground_key"),

@@ -56,6 +56,7 @@ local record = {
   key_id = tonumber(h.key or '') or cjson.null,
   model = h.model or cjson.null,
   pool = h.pool or cjson.null,
+  end_user = (h.end_user or '') ~= '' and h.end_user or cjson.null,
   prompt_tokens = prompt,
   cached_tokens = cached,
   completion_tokens = output,
@@ -66,11 +67,12 @@ local record = {
   finish_reason = ARGV[4] ~= '' and ARGV[4] or cjson.null,
   error_code = ARGV[8] ~= '' and ARGV[8] or cjson.null,
   stream = h.stream == '1',
-  end_user = h.eu or '',
   admitted_at_ms = admitted,
   dispatched_at_ms = dispatched or cjson.null,
   first_token_at_ms = first or cjson.null,
   settled_at_ms = now_ms,
+  -- For the tenants' request log (metering.requestlog); set by submit's context when known.
+  project_id = tonumber(h.project or '') or cjson.null,
 }
 local encoded = cjson.encode(record)
 redis.call('RPUSH', KEYS[3], encoded)

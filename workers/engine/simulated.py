@@ -56,7 +56,7 @@ from workers.engine.base import (
 )
 from workers.engine.clock import Clock, RealClock
 from workers.engine.kv_cache import BlockManager, BlockTable, ModelGeometry
-from workers.engine.simtools import tool_call_text
+from workers.engine.simtools import schema_in_prompt, tool_call_text
 
 log = logging.getLogger(__name__)
 
@@ -487,6 +487,9 @@ class SimulatedEngine(Engine):
         """The token ids of a schema-valid document for this request (see the module doc)."""
         sp = req.sampling
         schema = json.loads(sp.json_schema) if sp.json_schema is not None else None
+        if schema is None:  # json_object: the schema the prompt asks for, if it holds one
+            prompt = self._tok.decode(req.prompt_token_ids, skip_special_tokens=False)
+            schema = schema_in_prompt(prompt)
         rng = random.Random(_seed_for(seed + 1, req.prompt_token_ids))
         try:
             text = sample_json(schema, rng, list(corpus_words()))

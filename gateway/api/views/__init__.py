@@ -12,6 +12,7 @@ from gateway.api.views.platform import (
     ServedModelViewSet,
     TenantViewSet,
 )
+from gateway.api.views.requestlog import RequestLogViewSet
 from gateway.api.views.tokens import ManagementTokenViewSet
 from gateway.api.views.usage import UsageRecordViewSet, UsageRollupViewSet
 
@@ -19,6 +20,6 @@ __all__ = [
     "ApiKeyViewSet", "BudgetViewSet", "ContentLoggingViewSet", "ExportJobViewSet",
     "InvitationViewSet", "ManagementTokenViewSet", "MembershipViewSet", "PlatformReportView",
     "PoolViewSet", "PriceViewSet", "ProjectViewSet", "QuotaViewSet", "ReportViewSet",
-    "ServedModelViewSet", "SpendAlertViewSet", "TenantViewSet", "UsageRecordViewSet",
-    "UsageRollupViewSet",
+    "RequestLogViewSet", "ServedModelViewSet", "SpendAlertViewSet", "TenantViewSet",
+    "UsageRecordViewSet", "UsageRollupViewSet",
 ]
