@@ -365,6 +365,10 @@ BREAKGLASS_MAX_MINUTES = env_int("BREAKGLASS_MAX_MINUTES", 8 * 60, minimum=1)
 ADMINS = [("Platform", a) for a in env_list("ADMIN_EMAILS", [])]
 # OIDC bearer tokens (tenants.oidc): clock skew allowed on exp/nbf, JWKS caching.
 OIDC_LEEWAY_SECONDS = env_int("OIDC_LEEWAY_SECONDS", 30, minimum=0)
+# Big prompts are tokenized in this many processes per gateway process (gateway.inference.
+# tokenize_pool); a tenant whose prompts are refused for size this often in a minute gets 429s.
+TOKENIZE_PROCESSES = env_int("TOKENIZE_PROCESSES", 2, minimum=1)
+OVERSIZE_REFUSALS_PER_MINUTE = env_int("OVERSIZE_REFUSALS_PER_MINUTE", 10, minimum=1)
 OIDC_JWKS_CACHE_SECONDS = env_int("OIDC_JWKS_CACHE_SECONDS", 300, minimum=1)
 OIDC_JWKS_MIN_REFRESH_SECONDS = env_float("OIDC_JWKS_MIN_REFRESH_SECONDS", 30.0, minimum=0.0)
 OIDC_HTTP_TIMEOUT_SECONDS = env_float("OIDC_HTTP_TIMEOUT_SECONDS", 3.0, minimum=0.1)
@@ -372,6 +376,13 @@ OIDC_HTTP_TIMEOUT_SECONDS = env_float("OIDC_HTTP_TIMEOUT_SECONDS", 3.0, minimum=
 # only from peers in TRUSTED_PROXY_CIDRS; from anyone else they are ignored.
 # The same list decides whose X-Forwarded-For is believed (infra.clientaddr).
 TRUSTED_PROXY_CIDRS = env_cidrs("TRUSTED_PROXY_CIDRS")
+# The one header the trusted proxy writes the client address into: x-forwarded-for (nginx
+# $proxy_add_x_forwarded_for, ALB, Envoy), forwarded (RFC 7239) or x-real-ip. Any other
+# forwarded header is the client's own and is ignored (infra.clientaddr).
+TRUSTED_PROXY_HEADER = env_str("TRUSTED_PROXY_HEADER", "x-forwarded-for").lower()
+if TRUSTED_PROXY_HEADER not in ("x-forwarded-for", "forwarded", "x-real-ip"):
+    raise ImproperSetting("TRUSTED_PROXY_HEADER must be x-forwarded-for, forwarded or "
+                          "x-real-ip")
 MTLS_CERT_HEADER = env_str("MTLS_CERT_HEADER", "X-SSL-Client-Cert")
 MTLS_FINGERPRINT_HEADER = env_str("MTLS_FINGERPRINT_HEADER", "X-SSL-Client-Fingerprint")
 # Portal SSO (gateway.sso, mozilla-django-oidc), configured per tenant on its IdentityProvider.

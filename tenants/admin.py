@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from axes.admin import AccessAttemptAdmin
+from axes.models import AccessAttempt
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -243,7 +245,8 @@ class TenantAdmin(admin.ModelAdmin):
     list_filter = ["status", "tier", "region", "home_cell", "content_logging"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
-    readonly_fields = ["created_at", "updated_at"]
+    # Content logging is switched by the tenant's owner only, with its audit row (review 3, N9).
+    readonly_fields = ["content_logging", "created_at", "updated_at"]
     list_select_related = ["tier"]
     inlines = [QuotaInline, ApiKeyInline]
     actions = ["suspend_selected", "activate_selected"]
@@ -286,11 +289,14 @@ class TenantAdmin(admin.ModelAdmin):
     def key_count(self, obj: Tenant) -> int:
         return obj._keys  # type: ignore[attr-defined]
 
-    @admin.action(description="Suspend selected tenants (403 on every key)")
+    # Every action names its permission: without one, Django offers it to anyone who may view
+    # the list (review 3, N4: staff with only view_tenant suspended tenants).
+    @admin.action(description="Suspend selected tenants (403 on every key)",
+                  permissions=["change"])
     def suspend_selected(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
         self._set_status(request, queryset, Tenant.Status.SUSPENDED)
 
-    @admin.action(description="Reactivate selected tenants")
+    @admin.action(description="Reactivate selected tenants", permissions=["change"])
     def activate_selected(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
         self._set_status(request, queryset, Tenant.Status.ACTIVE)
 
@@ -501,3 +507,18 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
 # Identity providers and client-certificate bindings, and who may act in a tenant (grants,
 # invitations, management tokens), have their own admin modules.
 from tenants import admin_access, admin_signin  # noqa: E402, F401
+
+# --- sign-in lockouts (django-axes) ---------------------------------------------------------
+
+class GuardedAccessAttemptAdmin(AccessAttemptAdmin):  # type: ignore[misc]
+    """axes' admin, its one action requiring the delete permission (it deletes rows) instead
+    of being offered to whoever may view the lockouts."""
+
+    @admin.action(description="Clean up expired attempts", permissions=["delete"])
+    def cleanup_expired_attempts(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        super().cleanup_expired_attempts(request, queryset)
+
+
+if admin.site.is_registered(AccessAttempt):  # importing axes.admin registered it
+    admin.site.unregister(AccessAttempt)
+    admin.site.register(AccessAttempt, GuardedAccessAttemptAdmin)

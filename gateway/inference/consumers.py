@@ -42,7 +42,15 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.inference import cells, embeddings, idempotency, overload, revocation, sse
+from gateway.inference import (
+    cells,
+    embeddings,
+    idempotency,
+    overload,
+    oversize,
+    revocation,
+    sse,
+)
 from gateway.inference.bodies import (
     ChunkTemplate,
     UsageCounts,
@@ -491,8 +499,9 @@ class CompletionConsumer(ApiConsumer):
             raise ApiError(400, f"The model `{req.model}` is an embedding model: use "
                            "/v1/embeddings.", param="model", code="invalid_value")
         limits = principal.limits(req.model)
-        prompt_ids = await tokenize(req, pool.model)
-        sized = size_request(req, prompt_ids, await serving_model(pool), limits)
+        async with oversize.counted(principal.tenant_id):  # repeated 400s for size: 429
+            prompt_ids = await tokenize(req, pool.model)
+            sized = size_request(req, prompt_ids, await serving_model(pool), limits)
         sampling = sampling_params(req, sized.max_tokens, pool.model.tool_call_parser)
         check_supported(req, sampling, pool)
         await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
@@ -786,7 +795,9 @@ class Relay:
             pump.cancel()
 
         try:
-            with revocation.watching(self.c.scope, end):
+            principal = getattr(self.c, "principal", None)
+            with revocation.watching(self.c.scope, end,
+                                     getattr(principal, "expires_at", None)):
                 await pump
         except asyncio.CancelledError:
             current = asyncio.current_task()

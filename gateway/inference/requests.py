@@ -102,9 +102,24 @@ class InferenceRequest:
 
     @property
     def text_size(self) -> int:
-        """Characters of prompt text, messages and tools (what tokenizing costs)."""
-        size = sum(len(str(m.get("content") or "")) for m in self.messages) + len(self.prompt)
-        return size + sum(len(json.dumps(t)) for t in self.tools)
+        """Characters of prompt text, messages (their tool calls' arguments too) and tools:
+        what tokenizing costs, and a lower bound on what the chat template renders."""
+        size = sum(len(str(m.get("content") or "")) + _calls_size(m) for m in self.messages)
+        return size + len(self.prompt) + sum(
+            len(json.dumps(t, ensure_ascii=False, separators=(",", ":"))) for t in self.tools)
+
+
+def _calls_size(message: dict[str, Any]) -> int:
+    """Characters of an assistant message's tool calls (names and arguments), rendered and
+    tokenized with the message."""
+    size = 0
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            args = fn.get("arguments") or ""  # parsed to an object for the template
+            size += len(str(fn.get("name") or "")) + (len(args) if isinstance(args, str) else len(
+                json.dumps(args, ensure_ascii=False, separators=(",", ":"))))
+    return size
 
 
 def parse(body: bytes, kind: Kind) -> InferenceRequest:

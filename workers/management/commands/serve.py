@@ -36,6 +36,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from infra import embedded_redis
 from infra.pool_workers import workers_key
 from infra.redis_conn import get_redis, redis_url
+from infra.uvicorn_command import uvicorn_argv
 from tenants import serve_status
 from tenants.demo import try_it
 from tenants.models import Pool
@@ -132,14 +133,10 @@ class Command(BaseCommand):
         grace = math.ceil(settings.GATEWAY_SHUTDOWN_SECONDS)
         specs = [ChildSpec(
             "gateway",
-            [py, "-m", "uvicorn", "gateway.asgi:application", "--host", host, "--port", str(port),
-             # Deadline on request headers (slow-loris), and open streams ended at shutdown:
-             # gateway/httpproto.py.
-             "--http", "gateway.httpproto:BoundedHttpToolsProtocol",
-             # scope["client"] stays the TCP peer; infra.clientaddr reads forwarded headers.
-             "--no-proxy-headers",
-             "--timeout-graceful-shutdown", str(grace),
-             *performance_options(options["gateway_processes"])],
+            # The fixed options (--no-proxy-headers, the bounded protocol): infra.uvicorn_command.
+            uvicorn_argv(py, ["--host", host, "--port", str(port),
+                              "--timeout-graceful-shutdown", str(grace),
+                              *performance_options(options["gateway_processes"])]),
             env=env, stop_timeout_s=grace + 5.0, ready=lambda _pid: _listening(host, port))]
         for pool in pools:
             specs.append(ChildSpec(
