@@ -33,6 +33,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -53,7 +54,8 @@ from gateway.inference.errors import (
     server_error,
     unavailable,
 )
-from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
+from gateway.inference.failover import Failover
+from gateway.inference.pools import choose_pool, serving_model, visible_models
 from gateway.inference.requests import InferenceRequest, Kind, load_json_object, parse_object
 from gateway.inference.responses import (
     ChunkTemplate,
@@ -63,6 +65,7 @@ from gateway.inference.responses import (
     models_body,
 )
 from gateway.inference.responses_api import ResponseBuilder, dumps_events, to_chat
+from gateway.inference.routes import Router, Target
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
@@ -326,7 +329,7 @@ class CompletionConsumer(ApiConsumer):
     kind: Kind = "chat"
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        self.submission: facade.Submission | None = None
+        self.submission: facade.Submission | Failover | None = None
         # Holds an Idempotency-Key claim: a client that hangs up (a timeout) will retry with
         # the key, so the request runs on and its answer is stored for the retry to replay,
         # instead of being cancelled and run (and paid) again.
@@ -351,26 +354,16 @@ class CompletionConsumer(ApiConsumer):
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
             return
-        pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
-                                 principal.allowed_model_names)
-        self.pool = pool
-        if pool.model.task == "embed":
-            raise ApiError(400, f"The model `{req.model}` is an embedding model: use "
-                           "/v1/embeddings.", param="model", code="invalid_value")
-        limits = principal.limits(req.model)
-        prompt_ids = await tokenize(req, pool.model)
-        sized = size_request(req, prompt_ids, await serving_model(pool), limits)
-        sampling = sampling_params(req, sized.max_tokens, pool.model.tool_call_parser)
-        check_supported(req, sampling, pool)
-        await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
+        self.router = Router(req.model, principal, req.fallbacks)
+        target, prepared = await self._first_target(req)
+        limits = principal.limits(target.served_model)
         claim = await self._idempotency(principal, data, req, limits.total_deadline_s)
         if isinstance(claim, idempotency.Replay):
             await self.send_json(claim.status, claim.body, {"idempotent-replayed": "true"})
             return
         self.finish_detached = claim is not None
         try:
-            status, answer = await self._serve(principal, req, pool, sized.prompt_token_ids,
-                                               sampling)
+            status, answer = await self._serve(principal, req, target, prepared)
         except BaseException:
             if claim is not None:
                 await asyncio.shield(claim.abandon())
@@ -387,28 +380,90 @@ class CompletionConsumer(ApiConsumer):
         return await idempotency.begin(principal.tenant_id, idempotency.checked_key(value),
                                        idempotency.body_hash(data), deadline_s + 60)
 
-    async def _serve(self, principal: Principal, req: InferenceRequest, pool: PoolInfo,
-                     prompt_ids: list[int], sampling: SamplingParams) -> tuple[int, bytes]:
-        """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
-        result = await facade.submit_request(
-            request_id=self.request_id, principal=principal, pool=pool.name,
-            model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-            stream=req.stream, adapter=pool.adapter,
+    async def _first_target(self, req: InferenceRequest) -> tuple[Target, Prepared]:
+        """The first target that takes the request; an overloaded one is passed over for the
+        next (its priority's other targets, then the fallbacks: gateway.inference.routes)."""
+        while True:
+            target = await self.router.pick()
+            try:
+                return target, await self._prepare(req, target)
+            except ApiError as exc:
+                if exc.code != "overloaded":
+                    raise
+                self.router.exclude(target, "overloaded")
+
+    async def _prepare(self, req: InferenceRequest, target: Target) -> Prepared:
+        """Tokenize and size the request for one target's model; refuse what it cannot take."""
+        pool = target.pool
+        if pool.model.task == "embed":
+            raise ApiError(400, f"The model `{req.model}` is an embedding model: use "
+                           "/v1/embeddings.", param="model", code="invalid_value")
+        limits = self.principal.limits(target.served_model)
+        prompt_ids = await tokenize(req, pool.model)
+        sized = size_request(req, prompt_ids, await serving_model(pool), limits)
+        sampling = sampling_params(req, sized.max_tokens, pool.model.tool_call_parser)
+        check_supported(req, sampling, pool)
+        await overload.check(pool.name, pool.max_sequences, self.principal.tenant_id)
+        return Prepared(sized.prompt_token_ids, sampling)
+
+    def _use(self, target: Target) -> None:
+        """Answer as ``target``: its pool's tool parser and tokenizer, its model's name."""
+        self.pool = target.pool
+        self.served_model = target.served_model
+
+    async def _submit(self, req: InferenceRequest, target: Target, prepared: Prepared,
+                      request_id: str) -> facade.Submission | facade.Rejection:
+        return await facade.submit_request(
+            request_id=request_id, principal=self.principal, pool=target.pool.name,
+            model=target.served_model, prompt_token_ids=prepared.prompt_ids,
+            sampling=prepared.sampling, stream=req.stream, adapter=target.pool.adapter,
         )
+
+    async def _serve(self, principal: Principal, req: InferenceRequest, target: Target,
+                     prepared: Prepared) -> tuple[int, bytes]:
+        """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
+        self._use(target)
+        result = await self._submit(req, target, prepared, self.request_id)
         if isinstance(result, facade.Rejection):
-            await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
-                                          result.reason)
+            await metrics.count_rejection(get_async_redis(), principal.tenant_id,
+                                          target.served_model, result.reason)
             raise rejection_error(result)
-        self.submission = result
+        sub = Failover(target, result, functools.partial(self._next_attempt, req), self._use)
+        self.submission = sub
         if self.disconnected.is_set():  # gone while we were admitting
-            await result.cancel("client_disconnect")
+            await sub.cancel("client_disconnect")
         headers = result.rate_limit.headers()
         if req.stream:
-            await self.relay(req, result, headers)
+            await self.relay(req, sub, headers)
             return 0, b""
-        return await self._collect(req, result, headers)
+        return await self._collect(req, sub, headers)
 
-    async def relay(self, req: InferenceRequest, sub: facade.Submission,
+    async def _next_attempt(self, req: InferenceRequest,
+                            failure: str) -> tuple[Target, facade.Submission] | None:
+        """Another target after a failure before the first token (gateway.inference.failover);
+        None when the route allows no more attempts or nothing else can take it."""
+        router = self.router
+        if self.disconnected.is_set() or not router.may_retry():
+            return None
+        assert isinstance(self.submission, Failover)
+        router.exclude(self.submission.target, failure)
+        router.failures += 1
+        while True:
+            try:
+                target = await router.pick()
+                prepared = await self._prepare(req, target)
+            except ApiError as exc:
+                if exc.code == "overloaded":
+                    router.exclude(target, "overloaded")
+                    continue
+                return None
+            rid = f"{self.request_id}-{router.failures}"
+            result = await self._submit(req, target, prepared, rid)
+            if isinstance(result, facade.Rejection):
+                return None  # the tenant's own limits: the first failure stands
+            return target, result
+
+    async def relay(self, req: InferenceRequest, sub: facade.Submission | Failover,
                     headers: dict[str, str]) -> None:
         await Relay(self, req, sub.events(), headers).run()
 
@@ -439,9 +494,16 @@ class CompletionConsumer(ApiConsumer):
     def answer(self, req: InferenceRequest, asm: Assembler, usage: UsageCounts) -> bytes:
         """A whole response from a finished assembler."""
         return facade.dumps(choices_body(req.kind, self.request_id, created_of(self.request_id),
-                                         req.model, asm.choices(), usage))
+                                         self.model_name(req), asm.choices(), usage))
 
-    async def _collect(self, req: InferenceRequest, sub: facade.Submission,
+    def model_name(self, req: InferenceRequest) -> str:
+        """The ``model`` an answer names: the one that actually served it."""
+        return getattr(self, "served_model", None) or req.model
+
+    def served_headers(self, req: InferenceRequest) -> dict[str, str]:
+        return {SERVED_HEADER: self.model_name(req)}
+
+    async def _collect(self, req: InferenceRequest, sub: facade.Submission | Failover,
                        headers: dict[str, str]) -> tuple[int, bytes]:
         pieces: list[str] = []
         tokens = 0
@@ -464,9 +526,9 @@ class CompletionConsumer(ApiConsumer):
                 else:
                     text = "".join(pieces)
                     answer = facade.dumps(completion_body(
-                        req.kind, self.request_id, created, req.model, text,
+                        req.kind, self.request_id, created, self.model_name(req), text,
                         event.finish_reason, usage))
-                await self.send_json(200, answer, headers)
+                await self.send_json(200, answer, {**headers, **self.served_headers(req)})
                 await self.log_content(req, text)
                 return 200, answer
             else:
@@ -506,8 +568,8 @@ class EmbeddingsConsumer(CompletionConsumer):
         principal = await self.authenticate()
         self.principal = principal
         req = embeddings.parse(load_json_object(body))
-        pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
-                                 principal.allowed_model_names)
+        # The router's health check refuses at once a model whose pools have no live worker.
+        pool = (await Router(req.model, principal).pick()).pool
         self.pool = pool
         if pool.model.task != "embed":
             raise ApiError(400, f"The model `{req.model}` does not serve embeddings.",
@@ -559,7 +621,7 @@ class ResponsesConsumer(CompletionConsumer):
         builder = ResponseBuilder(self.request_id, req.model, self.body_data)
         return facade.dumps(builder.whole(asm, usage))
 
-    async def relay(self, req: InferenceRequest, sub: facade.Submission,
+    async def relay(self, req: InferenceRequest, sub: facade.Submission | Failover,
                     headers: dict[str, str]) -> None:
         asm = self.assembler(req)
         builder = ResponseBuilder(self.request_id, req.model, self.body_data)
@@ -609,8 +671,7 @@ class Relay:
         self.events = events
         self.headers = headers
         self.resumed = resumed
-        self.tpl = ChunkTemplate(req.kind, consumer.request_id,
-                                 created_of(consumer.request_id), req.model, req.include_usage)
+        self.tpl = self._template()
         self.asm = consumer.assembler(req)
         self.id_prefix = consumer.request_id + sse.RESUME_SEPARATOR
         self._id_head = b"id: " + self.id_prefix.encode()
@@ -658,10 +719,24 @@ class Relay:
         await self._flush()
         raise ApiError(error.status, error.message, type=error.type, code=error.code)
 
+    def _template(self) -> ChunkTemplate:
+        c = self.c
+        return ChunkTemplate(self.req.kind, c.request_id, created_of(c.request_id),
+                             c.model_name(self.req), self.req.include_usage)
+
     async def _begin(self) -> None:
         if self.c.started:
             return
-        await self.c.start(200, self.headers, sse.HEADERS)
+        # Named now, not when the request was admitted: a retry before the first token may
+        # have moved it to another target (gateway.inference.failover). The resume id names
+        # the attempt whose stream the events come from.
+        self.tpl = self._template()
+        submission = self.c.submission
+        if submission is not None and not self.resumed:
+            self.id_prefix = submission.request_id + sse.RESUME_SEPARATOR
+            self._id_head = b"id: " + self.id_prefix.encode()
+        await self.c.start(200, {**self.headers, **self.c.served_headers(self.req)},
+                           sse.HEADERS)
         if self.req.kind == "chat" and not self.resumed:
             if self.asm is not None:
                 await self._write(b"".join(sse.event(self.tpl.choice(c))
@@ -736,6 +811,15 @@ class Relay:
 
 
 FINISH_REASONS = frozenset({"stop", "length"})
+SERVED_HEADER = "x-served-model"  # the model that actually served (a route or a fallback)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request tokenized and sized for one target."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
 
 
 def new_request_id() -> str:

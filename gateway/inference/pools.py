@@ -245,6 +245,17 @@ def _usable_by(cat: Catalog, model: str, tenant_id: int) -> bool:
 
 async def choose_pool(model: str, tenant_id: int, region: str,
                       allowed: frozenset[str]) -> PoolInfo:
+    pools = await candidate_pools(model, tenant_id, region, allowed)
+    if len(pools) == 1:
+        return pools[0]
+    loads = await pool_loads(pools)
+    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+
+
+async def candidate_pools(model: str, tenant_id: int, region: str,
+                          allowed: frozenset[str]) -> list[PoolInfo]:
+    """Every pool that may serve this tenant ``model`` (no route configured): dedicated ones
+    only when it has any. 404 for a model it cannot see, 503 when none is enabled here."""
     cat = await catalog()
     pools: list[PoolInfo]
     if model in cat.models:
@@ -263,10 +274,7 @@ async def choose_pool(model: str, tenant_id: int, region: str,
         # The model exists but nothing serves it for this tenant right now: retry later.
         raise unavailable(f"No pool serves `{model}` in your region right now.", retry_after=5,
                           code="no_pool")
-    if len(pools) == 1:
-        return pools[0]
-    loads = await pool_loads(pools)
-    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+    return pools
 
 
 async def visible_models(tenant_id: int, region: str, allowed: frozenset[str]) -> list[ModelInfo]:

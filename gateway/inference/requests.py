@@ -50,6 +50,8 @@ COMMON = frozenset({
     "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
     # vLLM's extensions (the official client sends them with ``extra_body``).
     "repetition_penalty", "min_tokens",
+    # Models to fall back to when the asked one cannot serve (LiteLLM's extra_body field).
+    "fallbacks",
 })
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
                         "parallel_tool_calls", "response_format", "top_logprobs"}
@@ -92,6 +94,7 @@ class InferenceRequest:
     tool_choice: ToolChoice = NO_TOOLS
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def text_size(self) -> int:
@@ -135,7 +138,21 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         tool_choice=parse_tool_choice(fields.get("tool_choice"), tools),
         parallel_tool_calls=_bool(fields, "parallel_tool_calls", True),
         response_format=parse_response_format(fields.get("response_format")),
+        fallbacks=_fallbacks(fields),
     )
+
+
+MAX_FALLBACKS = 4
+
+
+def _fallbacks(fields: dict[str, Any]) -> tuple[str, ...]:
+    value = fields.get("fallbacks", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _type_error("fallbacks", "a list of model names")
+    if len(value) > MAX_FALLBACKS:
+        raise ApiError(400, f"fallbacks: at most {MAX_FALLBACKS} models.", param="fallbacks",
+                       code="invalid_value")
+    return tuple(dict.fromkeys(value))
 
 
 def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:

@@ -1,0 +1,221 @@
+"""Routes, health and failover on real processes (issue 28): one gateway, two pools of one
+simulated model each with its own worker, and two pools of another model, one of them an
+OpenAI-compatible upstream (``tests/upstream_server.py``) that can be told to answer 503.
+
+- SIGKILL one pool's worker under a steady streaming load: requests not yet streaming complete
+  on the other pool with no client-visible error; those mid-stream end with the retryable
+  ``worker_lost``; no request is settled or charged twice.
+- The upstream answers 503: every request completes on the other pool; its breaker opens.
+- A route (alias, weights, priorities), a request's ``fallbacks``, the served model named in
+  the ``model`` field and the ``x-served-model`` header, and an at-once refusal naming the
+  model when no pool has a live worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from infra.redis_conn import get_redis
+from serving.health import breaker_key
+from tenants.models import Pool, Route, RouteTarget
+from tests import faults, procs, rkeys
+from tests.factories import make_key, make_model, make_tenant, open_quota
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+MODEL, UP_MODEL, LONELY = "sim-fo", "sim-fo-up", "sim-fo-lonely"
+A, B, UP, UP_B, DEAD = "fo-a", "fo-b", "fo-up", "fo-up-b", "fo-dead"
+SLOW = {"decode_tokens_per_s": 20.0, "pool_tokens_per_s": None}
+ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "1.5",
+       "GATEWAY_HEARTBEAT_SECONDS": "0.2", "GATEWAY_DEAD_AFTER_SECONDS": "1.5",
+       "BREAKER_FAILURES": "3", "BREAKER_COOLDOWN_SECONDS": "30", "ROUTE_RETRIES": "2",
+       "SHED_QUEUE_FACTOR": "0"}
+RUN = os.getpid()  # a killed worker's id is never reused (the janitor marks it reaped)
+WORKERS = {A: f"fa-{RUN}", B: f"fb-{RUN}", UP: f"fu-{RUN}", UP_B: f"fub-{RUN}"}
+
+
+def prepare(upstream_port: int) -> None:
+    model, up_model = make_model(MODEL), make_model(UP_MODEL)
+    Pool.objects.exclude(name__in=list(WORKERS) + [DEAD]).update(enabled=False)
+    for name in (A, B):
+        Pool.objects.update_or_create(name=name, defaults={
+            "model": model, "backend_settings": SLOW, "max_sequences": 4, "enabled": True})
+    Pool.objects.update_or_create(name=UP, defaults={
+        "model": up_model, "backend": "openai_upstream", "max_sequences": 4, "enabled": True,
+        "backend_settings": {"base_url": f"http://127.0.0.1:{upstream_port}/v1",
+                             "dialect": "vllm"}})
+    Pool.objects.update_or_create(name=UP_B, defaults={
+        "model": up_model, "backend_settings": SLOW, "max_sequences": 4, "enabled": True})
+    Pool.objects.update_or_create(name=DEAD, defaults={  # no worker is ever started for it
+        "model": make_model(LONELY), "enabled": True})
+
+
+@pytest.fixture(scope="module")
+def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
+    up_port = procs.free_port()
+    upstream = procs.Proc("upstream", [sys.executable, "-m", "tests.upstream_server", "--port",
+                                       str(up_port), "--model", UP_MODEL, "--decode-tps", "20"],
+                          procs.child_env())
+    started: list[procs.Proc] = [upstream]
+    try:
+        procs.wait_for_http(f"http://127.0.0.1:{up_port}/health", upstream)
+        get_redis().flushdb()  # this module's test Redis: no other run's workers or breakers
+        with django_db_blocker.unblock():
+            prepare(up_port)
+        workers = {pool: procs.start_worker(pool, worker_id=wid, env=ENV)
+                   for pool, wid in WORKERS.items()}
+        started += workers.values()
+        gateway, url = procs.start_uvicorn(env=ENV)
+        started.append(gateway)
+        for pool, wid in WORKERS.items():
+            procs.wait_for_worker(get_redis(), pool, wid, workers[pool])
+        procs.wait_for_http(url + "/healthz", gateway)
+        yield {"url": url, "workers": workers, "gateway": gateway, "up_port": up_port,
+               "upstream": f"http://127.0.0.1:{up_port}"}
+    except BaseException:
+        for proc in started:
+            print(f"--- {proc.name}\n{proc.logs()[-3000:]}")
+        raise
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+
+
+@pytest.fixture
+def plain(system) -> str:
+    prepare(system["up_port"])  # transactional tests empty the tables after each test
+    _, key = make_key(make_tenant(**open_quota(ttft_s=20.0, total_s=60.0)))
+    return key
+
+
+def body(model: str, tokens: int) -> dict[str, Any]:
+    return {"model": model, "max_tokens": tokens, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "A story."}]}
+
+
+def completion(o: faults.Outcome) -> int:
+    return int((o.usage or {}).get("completion_tokens", -1))
+
+
+def attempts(records: dict[str, dict[str, Any]], rid: str) -> list[dict[str, Any]]:
+    """The usage records of one client request: its first attempt and its retries."""
+    return [rec for key, rec in records.items() if key == rid or key.startswith(rid + "-")]
+
+
+def running(pool: str) -> int:
+    r = get_redis()
+    return sum(r.scard(rkeys.inflight_key(pool, w.decode()))
+               for w in r.zrange(rkeys.workers_key(pool), 0, -1))
+
+
+def test_a_killed_pool_worker_is_routed_around_before_the_first_token(system, plain):
+    url, worker = system["url"], system["workers"][A]
+    r = get_redis()
+    killed: list[float] = []
+
+    def kill(_tasks: Any) -> None:
+        # Both pools busy (4 slots each) and more queued behind them.
+        procs.wait_until(lambda: running(A) >= 3 and running(B) >= 3, 30, "both pools busy")
+        time.sleep(0.3)  # the running ones have sent tokens
+        os.kill(worker.pid, signal.SIGKILL)
+        killed.append(time.monotonic())
+
+    outcomes, _ = faults.stream_many(url, plain, body(MODEL, 50), 14, during=kill, timeout=90)
+    streaming = [o for o in outcomes if o.first_token is not None and o.first_token < killed[0]]
+    later = [o for o in outcomes if o not in streaming]
+    errors = Counter(o.error for o in outcomes if not o.ok)
+    print(f"\nSIGKILL: {len(outcomes)} streams, {len(streaming)} streaming at the kill, "
+          f"errors {dict(errors)}")
+    assert later, "some requests must have been queued at the kill"
+    # Not yet streaming: completed (on the other pool), with no client-visible error.
+    assert all(o.ok and completion(o) == 50 for o in later), [(o.error, o.usage) for o in later]
+    # Mid-stream: completed (the other pool's) or ended with the retryable worker_lost.
+    assert all(o.ok or (o.error == "worker_lost" and o.tokens > 0) for o in streaming)
+    assert errors.get("worker_lost", 0) >= 1
+    # Every attempt settled once; a request never generated twice.
+    procs.wait_until(lambda: all(faults.terminal_entries(r, o.rid) or
+                                 attempts(faults.settled_records(r), o.rid)
+                                 for o in outcomes), 20, "all settled")
+    records = faults.settled_records(r)  # asserts one record per attempt
+    retried = 0
+    for o in outcomes:
+        tried = attempts(records, o.rid)
+        assert tried, o.rid
+        retried += len(tried) > 1
+        served = [rec for rec in tried if rec["completion_tokens"] > 0]
+        assert len(served) <= 1 or not o.ok, tried
+        if o.ok:
+            assert sum(rec["completion_tokens"] for rec in tried) == 50
+    assert retried >= 1
+
+
+def test_an_upstream_answering_503_is_retried_on_the_other_pool_and_its_breaker_opens(
+        system, plain):
+    url = system["url"]
+    r = get_redis()
+    r.delete(breaker_key(UP))
+    httpx.post(system["upstream"] + "/debug/fail", json={"status": 503}).raise_for_status()
+    try:
+        outcomes, _ = faults.stream_many(url, plain, body(UP_MODEL, 10), 12, timeout=60)
+    finally:
+        httpx.post(system["upstream"] + "/debug/fail", json={"status": 0})
+    assert all(o.ok and completion(o) == 10 for o in outcomes), [o.error for o in outcomes]
+    records = faults.settled_records(r)
+    retried = [o for o in outcomes if len(attempts(records, o.rid)) > 1]
+    assert retried, "some requests went to the failing upstream first"
+    for o in outcomes:
+        assert sum(rec["completion_tokens"] for rec in attempts(records, o.rid)) == 10
+    state = {k.decode(): v.decode() for k, v in r.hgetall(breaker_key(UP)).items()}
+    assert state.get("state") == "open" and state.get("reason") == "failures", state
+
+
+def test_a_model_whose_pools_have_no_live_worker_is_refused_at_once_naming_it(system, plain):
+    started = time.monotonic()
+    resp = faults.chat(system["url"], plain, model=LONELY)
+    assert time.monotonic() - started < 3
+    error = resp.json()["error"]
+    assert resp.status_code == 503 and error["code"] == "model_unavailable", error
+    assert LONELY in error["message"] and "no live worker" in error["message"]
+
+
+def test_a_route_spreads_by_weight_and_names_the_model_that_served(system, plain):
+    get_redis().delete(breaker_key(A), breaker_key(B))
+    route = Route.objects.create(name="fast-chat")
+    RouteTarget.objects.create(route=route, pool=Pool.objects.get(name=B), weight=1.0)
+    try:
+        time.sleep(2.1)  # the gateway's route table TTL
+        client = openai.OpenAI(base_url=system["url"] + "/v1", api_key=plain, max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model="fast-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+        reply = raw.parse()
+        assert reply.model == MODEL and raw.headers["x-served-model"] == MODEL
+        stream = client.chat.completions.create(
+            model="fast-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+            stream=True)
+        assert {c.model for c in stream} == {MODEL}
+    finally:
+        route.delete()
+
+
+def test_request_fallbacks_serve_when_the_model_cannot(system, plain):
+    client = openai.OpenAI(base_url=system["url"] + "/v1", api_key=plain, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=LONELY, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        extra_body={"fallbacks": [UP_MODEL]})
+    assert raw.parse().model == UP_MODEL and raw.headers["x-served-model"] == UP_MODEL
+    bad = httpx.post(system["url"] + "/v1/chat/completions",
+                     headers={"Authorization": f"Bearer {plain}"},
+                     json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                           "fallbacks": "nope"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "fallbacks"
+
