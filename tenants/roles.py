@@ -20,6 +20,8 @@ CAN: dict[str, frozenset[str]] = {
     "content_logging": frozenset({OWNER}),
     "tokens": frozenset({OWNER}),
     "playground": frozenset({OWNER, MEMBER}),
+    "fallbacks": frozenset({OWNER, MEMBER}),  # the tenant's own fallback order per model
+    "manage_fallbacks": frozenset({OWNER}),
 }
 
 

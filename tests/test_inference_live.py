@@ -30,7 +30,10 @@ from workers.tokenization import load_tokenizer
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 POOL = "live-pool"
-IDLE_POOL = "idle-pool"  # a pool no worker serves: requests wait until their TTFT deadline
+# A pool whose only "worker" is a heartbeat no process sends again (``idle_worker``): its
+# breaker lets requests in, nothing dispatches them, so they wait until their TTFT deadline.
+# (A pool with no live worker at all is refused at once: tests/test_routes_live.py.)
+IDLE_POOL = "idle-pool"
 MODEL = "sim-live"
 IDLE_MODEL = "sim-idle"
 MAX_BYTES = 65_536
@@ -356,7 +359,13 @@ def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -
     procs.wait_until(engine_idle, 5, "the engine to free the sequence's KV blocks")
 
 
+def idle_worker(r: Any) -> None:
+    """See IDLE_POOL: a heartbeat an hour ahead, so the pool looks served all test long."""
+    r.zadd(rkeys.workers_key(IDLE_POOL), {"idle-nobody": time.time() + 3600})
+
+
 def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
+    idle_worker(redis_client)
     api_key, plain = tenant_key(ttft_deadline_s=20)
     body = {"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 5, "stream": False}
     with contextlib.suppress(httpx.ReadTimeout):  # the client gives up while it is queued
@@ -370,6 +379,7 @@ def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
 
 
 def test_idle_stream_gets_keepalives_then_an_error_the_client_raises(live, redis_client) -> None:
+    idle_worker(redis_client)
     _, plain = tenant_key(ttft_deadline_s=1.5, total_deadline_s=10)
     with httpx.stream("POST", live["url"] + "/v1/chat/completions", timeout=10,
                       headers={"Authorization": f"Bearer {plain}"},
@@ -387,6 +397,7 @@ def test_idle_stream_gets_keepalives_then_an_error_the_client_raises(live, redis
 
 
 def test_failure_before_any_token_is_a_free_503(live, redis_client) -> None:
+    idle_worker(redis_client)
     api_key, plain = tenant_key(ttft_deadline_s=0.5, total_deadline_s=10)
     r = httpx.post(live["url"] + "/v1/chat/completions", timeout=10,
                    headers={"Authorization": f"Bearer {plain}"},
@@ -442,6 +453,7 @@ def test_idempotency_key_replays_conflicts_and_rejects_a_new_body(live, redis_cl
 
 
 def test_idempotency_key_in_flight_is_409(live, redis_client) -> None:
+    idle_worker(redis_client)
     api_key, plain = tenant_key(ttft_deadline_s=1.5)
     claim = key("idem", api_key.tenant_id, hashlib.sha256(b"slow").hexdigest())
     headers = {"Authorization": f"Bearer {plain}", "Idempotency-Key": "slow"}

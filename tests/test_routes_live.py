@@ -46,7 +46,7 @@ WORKERS = {A: f"fa-{RUN}", B: f"fb-{RUN}", UP: f"fu-{RUN}", UP_B: f"fub-{RUN}"}
 
 def prepare(upstream_port: int) -> None:
     model, up_model = make_model(MODEL), make_model(UP_MODEL)
-    Pool.objects.exclude(name__in=list(WORKERS) + [DEAD]).update(enabled=False)
+    Pool.objects.exclude(name__in=[*WORKERS, DEAD]).update(enabled=False)
     for name in (A, B):
         Pool.objects.update_or_create(name=name, defaults={
             "model": model, "backend_settings": SLOW, "max_sequences": 4, "enabled": True})

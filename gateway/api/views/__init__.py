@@ -11,12 +11,14 @@ from gateway.api.views.platform import (
     ServedModelViewSet,
     TenantViewSet,
 )
+from gateway.api.views.routes import RouteViewSet, TenantFallbackViewSet
 from gateway.api.views.tokens import ManagementTokenViewSet
 from gateway.api.views.usage import UsageRecordViewSet, UsageRollupViewSet
 
 __all__ = [
     "ApiKeyViewSet", "ContentLoggingViewSet", "ExportJobViewSet", "InvitationViewSet",
     "ManagementTokenViewSet", "MembershipViewSet", "PlatformReportView", "PoolViewSet",
-    "PriceViewSet", "QuotaViewSet", "ReportViewSet", "ServedModelViewSet", "SpendAlertViewSet",
-    "TenantViewSet", "UsageRecordViewSet", "UsageRollupViewSet",
+    "PriceViewSet", "QuotaViewSet", "ReportViewSet", "RouteViewSet", "ServedModelViewSet",
+    "SpendAlertViewSet", "TenantFallbackViewSet", "TenantViewSet", "UsageRecordViewSet",
+    "UsageRollupViewSet",
 ]
