@@ -13,6 +13,7 @@ OpenAI-compatible upstream (``tests/upstream_server.py``) that can be told to an
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -116,6 +117,54 @@ def running(pool: str) -> int:
     r = get_redis()
     return sum(r.scard(rkeys.inflight_key(pool, w.decode()))
                for w in r.zrange(rkeys.workers_key(pool), 0, -1))
+
+
+def test_backlogged_tenants_3_1_1_over_two_pools_get_their_weighted_shares(system):
+    """Fairness across pools (ADR 0021): three tenants with weights 3:1:1, each keeping 12
+    streams open, routed over two pools of 4 slots each. Every tenant is backlogged in both
+    pools, so each pool's WFQ serves them 3:1:1 and so do the two together."""
+    prepare(system["up_port"])
+    get_redis().delete(breaker_key(A), breaker_key(B))
+    tenants = {name: make_tenant(weight=w, **open_quota(streams=50, ttft_s=60.0,
+                                                        total_s=120.0))
+               for name, w in (("heavy", 3.0), ("b", 1.0), ("c", 1.0))}
+    keys = {name: make_key(t)[1] for name, t in tenants.items()}
+    url = system["url"]
+    warmup, window = 6.0, 18.0
+    counts: Counter[str] = Counter()
+    pools_used: dict[str, set[str]] = {name: set() for name in keys}
+
+    async def stream(client: httpx.AsyncClient, name: str, t_from: float, t_to: float) -> None:
+        while time.monotonic() < t_to:
+            async with client.stream("POST", url + "/v1/chat/completions",
+                                     json={**body(MODEL, 40), "stream": True},
+                                     headers={"Authorization": f"Bearer {keys[name]}"}) as r:
+                async for line in r.aiter_lines():
+                    now = time.monotonic()
+                    if now >= t_to:
+                        return
+                    if line.startswith("data: {") and '"content"' in line and now >= t_from:
+                        counts[name] += 1
+
+    async def main() -> None:
+        start = time.monotonic()
+        limits = httpx.Limits(max_connections=60, max_keepalive_connections=60)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            await asyncio.gather(*(stream(client, name, start + warmup, start + warmup + window)
+                                   for name in keys for _ in range(12)))
+
+    procs.arun(main())
+    names = {t.pk: name for name, t in tenants.items()}
+    for rec in faults.settled_records(get_redis()).values():
+        if rec["tenant_id"] in names:
+            pools_used[names[rec["tenant_id"]]].add(rec["pool"])
+    assert all(used == {A, B} for used in pools_used.values()), pools_used  # spread over both
+    total = sum(counts.values())
+    shares = {name: counts[name] / total for name in keys}
+    print(f"\nfairness over two pools: {dict(counts)} shares "
+          + ", ".join(f"{n} {v:.3f}" for n, v in shares.items()))
+    for name, target in (("heavy", 0.6), ("b", 0.2), ("c", 0.2)):
+        assert abs(shares[name] / target - 1) <= 0.05, shares
 
 
 def test_a_killed_pool_worker_is_routed_around_before_the_first_token(system, plain):
