@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -75,10 +76,20 @@ async def check(pools: Iterable[str], now: float | None = None) -> list[Verdict]
     if not names:
         return []
     pipe = get_async_redis().pipeline(transaction=False)
+    queue_checks(pipe, names, now)
+    return verdicts(names, await pipe.execute())
+
+
+def queue_checks(pipe: Any, pools: Sequence[str], now: float | None = None) -> None:
+    """Add one breaker decision per pool to a pipeline (read them back with ``verdicts``), so
+    a caller can ask in the same round trip as its own reads."""
     lua = script("breaker")
-    for name in names:
+    for name in pools:
         lua.queue(pipe, _keys(name), _args("allow", now))
-    return [_verdict(n, raw) for n, raw in zip(names, await pipe.execute(), strict=True)]
+
+
+def verdicts(pools: Sequence[str], replies: Sequence[Any]) -> list[Verdict]:
+    return [_verdict(n, raw) for n, raw in zip(pools, replies, strict=True)]
 
 
 async def record(pool: str, ok: bool, now: float | None = None) -> Verdict:

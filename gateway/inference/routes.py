@@ -28,6 +28,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError
@@ -147,17 +148,25 @@ async def expected_waits(targets: Sequence[Target], tenant_id: int) -> list[floa
     the engines' own waiting requests come first; free slots take that many at once. Two
     pipelined round trips for all targets. A pool without capacity waits forever (inf).
     """
-    client = get_async_redis()
+    pipe = get_async_redis().pipeline(transaction=False)
+    _queue_reads(pipe, targets, tenant_id)
+    return await _waits(targets, await pipe.execute())
+
+
+def _queue_reads(pipe: Any, targets: Sequence[Target], tenant_id: int) -> None:
+    """The first round of ``expected_waits``: 4 replies per target."""
     cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
-    pipe = client.pipeline(transaction=False)
     for t in targets:
         name = t.pool.name
         pipe.zrangebyscore(pool_key("workers", name), cutoff, "+inf")
         pipe.hlen(pool_key("wfq", name, "items"))
         pipe.zcard(pool_key("wfq", name, "q", str(tenant_id)))
         pipe.zcard(pool_key("wfq", name, "active"))
-    first = await pipe.execute()
-    pipe = client.pipeline(transaction=False)
+
+
+async def _waits(targets: Sequence[Target], first: Sequence[Any]) -> list[float]:
+    """The second round of ``expected_waits``: the live workers' advertised load."""
+    pipe = get_async_redis().pipeline(transaction=False)
     for i, t in enumerate(targets):
         for wid in first[4 * i]:
             pipe.hmget(pool_key("worker", t.pool.name, wid.decode(), "load"), "in_flight",
@@ -251,11 +260,20 @@ class Router:
         left = [t for t in targets if t.pool.name not in self.excluded]
         for priority in sorted({t.priority for t in left}):
             group = [t for t in left if t.priority == priority]
-            verdicts = await health.check(t.pool.name for t in group)
-            healthy = []
-            for t, v in zip(group, verdicts, strict=True):
+            # The breakers and the first round of the waits in one round trip.
+            names = [t.pool.name for t in group]
+            pipe = get_async_redis().pipeline(transaction=False)
+            health.queue_checks(pipe, names)
+            if len(group) > 1:
+                _queue_reads(pipe, group, self.principal.tenant_id)
+            replies = await pipe.execute()
+            healthy, reads = [], []
+            for i, (t, v) in enumerate(zip(group, health.verdicts(names, replies[:len(names)]),
+                                             strict=True)):
                 if v.allowed:
                     healthy.append(t)
+                    start = len(group) + 4 * i
+                    reads += replies[start:start + 4]
                 else:
                     self.reasons[t.pool.name] = ("no live worker" if v.reason == "no_worker"
                                                  else "circuit open")
@@ -263,6 +281,5 @@ class Router:
                 continue
             if len(healthy) == 1:
                 return healthy[0]
-            waits = await expected_waits(healthy, self.principal.tenant_id)
-            return draw(healthy, waits)
+            return draw(healthy, await _waits(healthy, reads))
         return None

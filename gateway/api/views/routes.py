@@ -17,7 +17,7 @@ from gateway.api.views.base import ReadForMembersWriteWithPermission, TenantScop
 from tenants.models import Pool, Route, RouteTarget, TenantFallback, check_model_names
 
 
-class RouteTargetSerializer(serializers.ModelSerializer):
+class RouteTargetSerializer(serializers.ModelSerializer[RouteTarget]):
     pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
 
     class Meta:
@@ -33,7 +33,7 @@ def _names(value: Any, exclude: str = "") -> list[str]:
     return list(value)
 
 
-class RouteSerializer(serializers.ModelSerializer):
+class RouteSerializer(serializers.ModelSerializer[Route]):
     """A route as staff see it: its targets, written with it in one transaction."""
 
     targets = RouteTargetSerializer(many=True)
@@ -44,7 +44,7 @@ class RouteSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        name = attrs.get("name") or getattr(self.instance, "name", "")
+        name = str(attrs.get("name") or getattr(self.instance, "name", ""))
         if "fallbacks" in attrs:
             attrs["fallbacks"] = _names(attrs["fallbacks"], exclude=name)
         pools = [t["pool"].name for t in attrs.get("targets", [])]
@@ -71,7 +71,7 @@ class RouteSerializer(serializers.ModelSerializer):
         return route
 
 
-class PublicRouteSerializer(serializers.ModelSerializer):
+class PublicRouteSerializer(serializers.ModelSerializer[Route]):
     """A route as a tenant sees it: its name and fallbacks, not the pools behind it."""
 
     class Meta:
@@ -80,7 +80,7 @@ class PublicRouteSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class RouteViewSet(viewsets.ModelViewSet):
+class RouteViewSet(viewsets.ModelViewSet[Route]):
     """Routes: readable by any tenant member (name and fallbacks), written by platform staff
     with the tenants.*_route permissions."""
 
@@ -95,20 +95,20 @@ class RouteViewSet(viewsets.ModelViewSet):
         method = "GET" if self.request.method in SAFE_METHODS else self.request.method
         return access.has_platform_perm(self.request, Route, method)
 
-    def get_serializer_class(self) -> type[serializers.ModelSerializer]:
+    def get_serializer_class(self) -> type[serializers.ModelSerializer[Route]]:
         if getattr(self, "swagger_fake_view", False) or self._staff():
             return RouteSerializer
         return PublicRouteSerializer
 
 
-class TenantFallbackSerializer(serializers.ModelSerializer):
+class TenantFallbackSerializer(serializers.ModelSerializer[TenantFallback]):
     class Meta:
         model = TenantFallback
         fields = ["id", "model", "fallbacks", "updated_at"]
         read_only_fields = ["id", "updated_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        model = attrs.get("model") or getattr(self.instance, "model", "")
+        model = str(attrs.get("model") or getattr(self.instance, "model", ""))
         if "fallbacks" in attrs:
             attrs["fallbacks"] = _names(attrs["fallbacks"], exclude=model)
         tenant = self.context["tenant"]
@@ -120,7 +120,7 @@ class TenantFallbackSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class TenantFallbackViewSet(viewsets.ModelViewSet, TenantScoped):
+class TenantFallbackViewSet(viewsets.ModelViewSet[TenantFallback], TenantScoped):
     """The tenant's own fallback order per model, tried before the route's: read by owners and
     members, written by owners."""
 
