@@ -240,6 +240,11 @@ BREAKER_PROBE_SECONDS = env_float("BREAKER_PROBE_SECONDS", 10.0, minimum=0.1)
 # Routes (gateway/inference/routes.py): attempts on other targets after a retryable failure
 # before the first token, unless the route sets its own count.
 ROUTE_RETRIES = env_int("ROUTE_RETRIES", 2, minimum=0)
+# The exact-match response cache (opt-in per tenant, key or request; docs/adr: the cache): an
+# entry lives this long, a tenant holds at most this many, and a larger answer is not cached.
+RESPONSE_CACHE_TTL_SECONDS = env_float("RESPONSE_CACHE_TTL_SECONDS", 300.0, minimum=1.0)
+RESPONSE_CACHE_MAX_ENTRIES = env_int("RESPONSE_CACHE_MAX_ENTRIES", 1000, minimum=1)
+RESPONSE_CACHE_MAX_ENTRY_BYTES = env_int("RESPONSE_CACHE_MAX_ENTRY_BYTES", 262_144, minimum=1024)
 # manage.py serve looks at the pool table this often, and starts, stops or restarts the pool
 # workers of pools added, disabled or changed meanwhile.
 SERVE_POOL_POLL_SECONDS = env_float("SERVE_POOL_POLL_SECONDS", 1.0, minimum=0.1)

@@ -176,6 +176,9 @@ class Tenant(models.Model):
     content_logging = models.BooleanField(
         default=False, help_text="Opt-in: store prompts and responses, encrypted, short retention."
     )
+    response_cache = models.BooleanField(
+        default=False, help_text="Opt-in: answer a repeated deterministic request (temperature 0 "
+                                 "or a seed) from this tenant's own exact-match cache.")
     # Changed only through gateway.contentlog.lifecycle.set_retention_days, which also pulls in
     # the expiry of records already written; hence not editable in model forms.
     content_retention_days = models.PositiveSmallIntegerField(
@@ -332,6 +335,9 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    response_cache = models.BooleanField(
+        default=False, help_text="Opt-in for this key's requests (the tenant's switch turns it "
+                                 "on for every key).")
 
     objects = ApiKeyQuerySet.as_manager()
 

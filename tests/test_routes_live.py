@@ -14,6 +14,7 @@ OpenAI-compatible upstream (``tests/upstream_server.py``) that can be told to an
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -27,9 +28,11 @@ import httpx
 import openai
 import pytest
 
+from gateway.inference import cache
 from gateway.inference.pools import choose_pool, forget_catalog
 from gateway.inference.routes import Router, forget_routes
 from infra.redis_conn import get_redis
+from serving import response_cache
 from serving.health import breaker_key
 from tenants.models import Pool, Route, RouteTarget
 from tests import faults, procs, rkeys
@@ -133,21 +136,30 @@ def test_backlogged_tenants_3_1_1_over_two_pools_get_their_weighted_shares(syste
                for name, w in (("heavy", 3.0), ("b", 1.0), ("c", 1.0))}
     keys = {name: make_key(t)[1] for name, t in tenants.items()}
     url = system["url"]
-    warmup, window = 6.0, 18.0
+    warmup, window = 6.0, 24.0
     counts: Counter[str] = Counter()
     pools_used: dict[str, set[str]] = {name: set() for name in keys}
 
     async def stream(client: httpx.AsyncClient, name: str, t_from: float, t_to: float) -> None:
+        """Requests back to back until t_to. Each one's tokens are counted pro rata of the
+        part of its decode (first token to end, at a steady rate) inside the window: exact
+        counts, whatever the relay batched into one chunk."""
         while time.monotonic() < t_to:
+            first = end = None
+            tokens = 0
             async with client.stream("POST", url + "/v1/chat/completions",
-                                     json={**body(MODEL, 40), "stream": True},
+                                     json={**body(MODEL, 40), "stream": True,
+                                           "stream_options": {"include_usage": True}},
                                      headers={"Authorization": f"Bearer {keys[name]}"}) as r:
                 async for line in r.aiter_lines():
-                    now = time.monotonic()
-                    if now >= t_to:
-                        return
-                    if line.startswith("data: {") and '"content"' in line and now >= t_from:
-                        counts[name] += 1
+                    if first is None and '"content"' in line:
+                        first = time.monotonic()
+                    if line.startswith("data: {") and '"usage":{' in line:
+                        tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+                end = time.monotonic()
+            if first is not None and end > first:
+                inside = max(0.0, min(end, t_to) - max(first, t_from))
+                counts[name] += tokens * inside / (end - first)
 
     async def main() -> None:
         start = time.monotonic()
@@ -164,7 +176,7 @@ def test_backlogged_tenants_3_1_1_over_two_pools_get_their_weighted_shares(syste
     assert all(used == {A, B} for used in pools_used.values()), pools_used  # spread over both
     total = sum(counts.values())
     shares = {name: counts[name] / total for name in keys}
-    print(f"\nfairness over two pools: {dict(counts)} shares "
+    print(f"\nfairness over two pools: tokens {({n: round(v) for n, v in counts.items()})} shares "
           + ", ".join(f"{n} {v:.3f}" for n, v in shares.items()))
     for name, target in (("heavy", 0.6), ("b", 0.2), ("c", 0.2)):
         assert abs(shares[name] / target - 1) <= 0.05, shares
@@ -319,3 +331,75 @@ def test_routing_overhead_per_request_against_the_single_pool_choice(system, pla
         ("overhead", f"{(router - base) * 1e6:+.0f} us per request"),
     ])
     assert router < 0.05
+
+
+def cached_tenant(**fields: Any) -> str:
+    tenant = make_tenant(**open_quota(ttft_s=20.0, total_s=60.0))
+    tenant.response_cache = True
+    tenant.save()
+    return make_key(tenant, **fields)[1]
+
+
+def sse_call(url: str, key: str, payload: dict[str, Any],
+             mode: str | None = None) -> tuple[httpx.Response, list[dict[str, Any]], list[str]]:
+    """One streamed request: its response, every data chunk, and the content deltas."""
+    headers = {"Authorization": f"Bearer {key}"}
+    if mode:
+        headers["x-gateway-cache"] = mode
+    with httpx.stream("POST", url + "/v1/chat/completions", headers=headers, timeout=60,
+                      json={**payload, "stream": True,
+                            "stream_options": {"include_usage": True}}) as r:
+        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    chunks = [json.loads(ln) for ln in lines if ln != "[DONE]"]
+    assert lines[-1] == "[DONE]"
+    deltas = [c["choices"][0]["delta"].get("content") or "" for c in chunks
+              if c.get("choices") and c["choices"][0]["delta"].get("content")]
+    return r, chunks, deltas
+
+
+def test_the_response_cache_is_per_tenant_and_its_hits_are_metered(system):
+    prepare(system["up_port"])
+    url, r = system["url"], get_redis()
+    payload = {"model": MODEL, "temperature": 0, "max_tokens": 8,
+               "messages": [{"role": "user", "content": "Cache me if you can."}]}
+    a, b = cached_tenant(), cached_tenant()
+    first, chunks, deltas = sse_call(url, a, payload)
+    assert first.headers["x-cache"] == "miss" and deltas
+    hit, hit_chunks, hit_deltas = sse_call(url, a, payload)
+    assert hit.headers["x-cache"] == "hit" and hit.headers["x-served-model"] == MODEL
+    # The same SSE shape: role, the same deltas, finish, usage, [DONE].
+    assert hit_deltas == deltas
+    assert [sorted(c) for c in hit_chunks] == [sorted(c) for c in chunks]
+    assert hit_chunks[-1]["usage"]["completion_tokens"] == chunks[-1]["usage"][
+        "completion_tokens"]
+    # Metered as a cache hit, once, under cache:{model} (priced by the operator's row).
+    records = faults.settled_records(r)
+    rec = records[hit.headers["x-request-id"]]
+    assert rec["status"] == "cache_hit" and rec["model"] == f"cache:{MODEL}"
+    assert rec["completion_tokens"] == chunks[-1]["usage"]["completion_tokens"]
+    # I1: poison A's entry; A reads it back, B (same body, also opted in) never does.
+    digest = cache.digest("chat", payload)
+    tenant_a = records[first.headers["x-request-id"]]["tenant_id"]
+    procs.arun(response_cache.put(tenant_a, digest, response_cache.Entry(
+        MODEL, B, ["A-SECRET"], "stop", 5, 1)))
+    assert sse_call(url, a, payload)[2] == ["A-SECRET"]
+    other, _, other_deltas = sse_call(url, b, payload)
+    assert other.headers["x-cache"] == "miss" and "A-SECRET" not in "".join(other_deltas)
+    # Refresh runs the request and replaces the entry; bypass does not touch the cache.
+    fresh = sse_call(url, a, payload, "refresh")
+    assert fresh[0].headers["x-cache"] == "refresh" and fresh[2] == deltas
+    assert sse_call(url, a, payload)[2] == deltas
+    bypass = sse_call(url, a, payload, "bypass")
+    assert "x-cache" not in bypass[0].headers
+    assert faults.settled_records(r)[bypass[0].headers["x-request-id"]]["status"] == "ok"
+    # Not deterministic: never cached. Not opted in: only with the request's header.
+    sampled = sse_call(url, a, {**payload, "temperature": 0.7})
+    assert "x-cache" not in sampled[0].headers
+    _, plain_key = make_key(make_tenant(**open_quota()))
+    assert "x-cache" not in sse_call(url, plain_key, payload)[0].headers
+    assert sse_call(url, plain_key, payload, "use")[0].headers["x-cache"] == "miss"
+    # A non-streamed hit answers the same text as JSON.
+    whole = httpx.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {a}"},
+                       json=payload, timeout=60)
+    assert whole.headers["x-cache"] == "hit"
+    assert whole.json()["choices"][0]["message"]["content"] == "".join(deltas)

@@ -42,7 +42,16 @@ from django.conf import settings
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.inference import cells, embeddings, facade, idempotency, overload, revocation, sse
+from gateway.inference import (
+    cache,
+    cells,
+    embeddings,
+    facade,
+    idempotency,
+    overload,
+    revocation,
+    sse,
+)
 from gateway.inference.admission import size_request, tokenize
 from gateway.inference.bodylimit import read_bounded_body
 from gateway.inference.choices import Assembler, framed, needs_assembler
@@ -65,7 +74,7 @@ from gateway.inference.responses import (
     models_body,
 )
 from gateway.inference.responses_api import ResponseBuilder, dumps_events, to_chat
-from gateway.inference.routes import Router, Target
+from gateway.inference.routes import Router, Target, targets_for
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.toolparsers import get_parser
 from gateway.orm import in_thread
@@ -355,6 +364,8 @@ class CompletionConsumer(ApiConsumer):
             await self._resume(principal, req, *resume)
             return
         self.router = Router(req.model, principal, req.fallbacks)
+        if await self._from_cache(principal, req, data):
+            return
         target, prepared = await self._first_target(req)
         limits = principal.limits(target.served_model)
         claim = await self._idempotency(principal, data, req, limits.total_deadline_s)
@@ -379,6 +390,64 @@ class CompletionConsumer(ApiConsumer):
             return None
         return await idempotency.begin(principal.tenant_id, idempotency.checked_key(value),
                                        idempotency.body_hash(data), deadline_s + 60)
+
+    cacheable = True  # the Responses API answers in other shapes: not from this cache
+
+    async def _from_cache(self, principal: Principal, req: InferenceRequest,
+                          data: dict[str, Any]) -> bool:
+        """Answer from the tenant's response cache when it opted in and has this answer
+        (gateway.inference.cache); True when answered. On a miss the answer is stored at its
+        end (``remember``)."""
+        self.cache_digest: str | None = None
+        how = cache.mode(principal, self.header(cache.HEADER.encode()), req) \
+            if self.cacheable else None
+        if how is None:
+            return False
+        await targets_for(req.model, principal)  # 404 for a model this key may not call
+        self.cache_digest = cache.digest(req.kind, data)
+        self.cache_state = "refresh" if how == "refresh" else "miss"
+        if how == "refresh":
+            return False
+        entry = await cache.response_cache.get(principal.tenant_id, self.cache_digest)
+        if entry is None:
+            return False
+        self.cache_state = "hit"
+        await self._answer_cached(req, entry)
+        return True
+
+    async def _answer_cached(self, req: InferenceRequest, entry: cache.Entry) -> None:
+        self.served_model = entry.model
+        await cache.meter_hit(self.principal, self.request_id, entry, stream=req.stream)
+        usage = UsageCounts(entry.prompt_tokens, entry.completion_tokens, entry.prompt_tokens)
+        created = created_of(self.request_id)
+        if not req.stream:
+            body = completion_body(req.kind, self.request_id, created, entry.model,
+                                   "".join(entry.pieces), entry.finish_reason, usage)
+            await self.send_json(200, facade.dumps(body), self.served_headers(req))
+            return
+        tpl = ChunkTemplate(req.kind, self.request_id, created, entry.model, req.include_usage)
+        parts = [sse.event(tpl.role())] if req.kind == "chat" else []
+        parts += [sse.event(tpl.delta(piece)) for piece in entry.pieces]
+        parts.append(sse.event(tpl.finish(entry.finish_reason)))
+        if req.include_usage:
+            parts.append(sse.event(tpl.usage(usage)))
+        parts.append(sse.DONE)
+        await self.start(200, self.served_headers(req), sse.HEADERS)
+        await self.write(b"".join(parts), more=False)
+
+    async def remember(self, req: InferenceRequest, pieces: list[str],
+                       event: facade.FinishEvent) -> None:
+        """Store a finished answer in the tenant's cache when this request is cached."""
+        if getattr(self, "cache_digest", None) is None or event.finish_reason not in \
+                FINISH_REASONS or self.cache_state == "hit":
+            return
+        entry = cache.Entry(self.model_name(req), self.pool.name, pieces, event.finish_reason,
+                            event.usage.prompt_tokens, event.usage.completion_tokens)
+        try:
+            await cache.response_cache.put(self.principal.tenant_id, str(self.cache_digest),
+                                           entry)
+        except redis.RedisError:  # the answer was sent; a cache that cannot store just misses
+            log.warning("response cache store failed for %s", self.request_id)
 
     async def _first_target(self, req: InferenceRequest) -> tuple[Target, Prepared]:
         """The first target that takes the request; an overloaded one is passed over for the
@@ -501,7 +570,10 @@ class CompletionConsumer(ApiConsumer):
         return getattr(self, "served_model", None) or req.model
 
     def served_headers(self, req: InferenceRequest) -> dict[str, str]:
-        return {SERVED_HEADER: self.model_name(req)}
+        headers = {SERVED_HEADER: self.model_name(req)}
+        if getattr(self, "cache_digest", None) is not None:
+            headers["x-cache"] = self.cache_state
+        return headers
 
     async def _collect(self, req: InferenceRequest, sub: facade.Submission | Failover,
                        headers: dict[str, str]) -> tuple[int, bytes]:
@@ -529,6 +601,8 @@ class CompletionConsumer(ApiConsumer):
                         req.kind, self.request_id, created, self.model_name(req), text,
                         event.finish_reason, usage))
                 await self.send_json(200, answer, {**headers, **self.served_headers(req)})
+                if asm is None:
+                    await self.remember(req, pieces, event)
                 await self.log_content(req, text)
                 return 200, answer
             else:
@@ -607,6 +681,7 @@ class ResponsesConsumer(CompletionConsumer):
 
     kind: Kind = "chat"
     resumable = False
+    cacheable = False
 
     def parse_request(self, data: dict[str, Any]) -> InferenceRequest:
         self.body_data = data
@@ -688,6 +763,9 @@ class Relay:
         self.pieces: list[str] | None = (
             [] if principal is not None and principal.content_logging and not resumed else None
         )
+        # The deltas as streamed, for the response cache (only when this request is cached).
+        self.cached: list[str] | None = (
+            [] if getattr(consumer, "cache_digest", None) and not resumed else None)
 
     async def run(self) -> None:
         ticker = asyncio.create_task(self._keepalive())
@@ -758,6 +836,8 @@ class Relay:
                 self.tokens += event.token_count
                 if self.pieces is not None:
                     self.pieces.append(event.text)
+                if self.cached is not None:
+                    self.cached.append(event.text)
                 if self.asm is not None:
                     self._chunks(self.asm.feed(event.text), event.event_id)
                 else:
@@ -779,6 +859,8 @@ class Relay:
                     self._buf.append(sse.event(self.tpl.usage(facade.usage_counts(event.usage))))
                 self._buf.append(sse.DONE)
                 await self._flush(more=False)
+                if self.cached is not None and self.asm is None:
+                    await self.c.remember(self.req, self.cached, event)
                 if self.pieces is not None:
                     await self.c.log_content(self.req, "".join(self.pieces))
                 return
