@@ -189,7 +189,9 @@ def test_a_killed_pool_worker_is_routed_around_before_the_first_token(system, pl
 
     def kill(_tasks: Any) -> None:
         # Both pools busy (4 slots each) and more queued behind them.
-        procs.wait_until(lambda: running(A) >= 3 and running(B) >= 3, 30, "both pools busy")
+        procs.wait_until(lambda: running(A) >= 3 and running(B) >= 3
+                         and r.hlen(rkeys.pool_key("wfq", A, "items")) >= 1, 30,
+                         "both pools busy, some queued on the one to kill")
         time.sleep(0.3)  # the running ones have sent tokens
         os.kill(worker.pid, signal.SIGKILL)
         killed.append(time.monotonic())
@@ -257,6 +259,36 @@ def test_an_upstream_answering_503_is_retried_on_the_other_pool_and_its_breaker_
         assert sum(rec["completion_tokens"] for rec in attempts(records, o.rid)) == 10
     state = {k.decode(): v.decode() for k, v in r.hgetall(breaker_key(UP)).items()}
     assert state.get("state") == "open" and state.get("reason") == "failures", state
+
+
+def test_a_retried_request_keeps_its_idempotency_key_and_its_priority_order(system, plain):
+    """A route tries its priority-0 target first; the upstream's 503 moves the request to the
+    priority-1 target, invisibly; the Idempotency-Key then replays that one answer."""
+    url, r = system["url"], get_redis()
+    r.delete(breaker_key(UP), breaker_key(UP_B))
+    route = Route.objects.create(name="up-first")
+    RouteTarget.objects.create(route=route, pool=Pool.objects.get(name=UP), priority=0)
+    RouteTarget.objects.create(route=route, pool=Pool.objects.get(name=UP_B), priority=1)
+    time.sleep(2.1)  # the gateway's route table TTL
+    headers = {"Authorization": f"Bearer {plain}", "Idempotency-Key": "retry-once-1"}
+    payload = {"model": "up-first", "max_tokens": 5,
+               "messages": [{"role": "user", "content": "Hi"}]}
+    httpx.post(system["upstream"] + "/debug/fail", json={"status": 503}).raise_for_status()
+    try:
+        first = httpx.post(url + "/v1/chat/completions", json=payload, headers=headers,
+                           timeout=60)
+        again = httpx.post(url + "/v1/chat/completions", json=payload, headers=headers,
+                           timeout=60)
+    finally:
+        httpx.post(system["upstream"] + "/debug/fail", json={"status": 0})
+        route.delete()
+    assert first.status_code == 200, first.text
+    assert first.json()["model"] == UP_MODEL and first.headers["x-served-model"] == UP_MODEL
+    assert again.headers.get("idempotent-replayed") == "true" and again.content == first.content
+    tried = sorted(attempts(faults.settled_records(r), first.headers["x-request-id"]),
+                   key=lambda t: t["admitted_at_ms"])
+    assert [(t["pool"], t["status"], t["completion_tokens"]) for t in tried] == [
+        (UP, "error", 0), (UP_B, "ok", 5)]
 
 
 def test_a_model_whose_pools_have_no_live_worker_is_refused_at_once_naming_it(system, plain):

@@ -393,7 +393,10 @@ def test_a_stopping_gateway_ends_open_streams_with_a_retryable_error(redis_clien
         waiting: list[faults.Outcome] = []
 
         def stop() -> None:
-            # One more, for a pool no worker serves: queued, nothing sent yet.
+            # One more, for a pool no worker serves: queued, nothing sent yet. Its heartbeat
+            # is faked (an hour ahead) so it takes the request: a pool with no live worker
+            # at all is refused at once (tests/test_routes_live.py).
+            redis_client.zadd(rkeys.workers_key(BAD), {"sv-nobody": time.time() + 3600})
             queued = threading.Thread(target=lambda: waiting.append(
                 stream_once(url, plain, {**LONG, "model": BAD_MODEL})))
             queued.start()

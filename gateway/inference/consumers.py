@@ -497,7 +497,8 @@ class CompletionConsumer(ApiConsumer):
             await metrics.count_rejection(get_async_redis(), principal.tenant_id,
                                           target.served_model, result.reason)
             raise rejection_error(result)
-        sub = Failover(target, result, functools.partial(self._next_attempt, req), self._use)
+        sub = Failover(target, result, functools.partial(self._next_attempt, req), self._use,
+                       self._can_move)
         self.submission = sub
         if self.disconnected.is_set():  # gone while we were admitting
             await sub.cancel("client_disconnect")
@@ -506,6 +507,22 @@ class CompletionConsumer(ApiConsumer):
             await self.relay(req, sub, headers)
             return 0, b""
         return await self._collect(req, sub, headers)
+
+    async def _can_move(self) -> bool:
+        """Whether another target could take this request now (its pool lost its workers)."""
+        router = self.router
+        if self.disconnected.is_set() or not router.may_retry() or \
+                not isinstance(self.submission, Failover):
+            return False
+        excluded, reasons = set(router.excluded), dict(router.reasons)
+        router.excluded.add(self.submission.target.pool.name)
+        try:
+            await router.pick()
+            return True
+        except ApiError:
+            return False
+        finally:
+            router.excluded, router.reasons = excluded, reasons
 
     async def _next_attempt(self, req: InferenceRequest,
                             failure: str) -> tuple[Target, facade.Submission] | None:

@@ -8,9 +8,10 @@
   route allows another attempt and the request's first-token deadline leaves time, the request
   is submitted again on another target (``next_attempt``): the client sees nothing of it;
 - every ``WATCH_S`` it asks whether the attempt's pool still has a live worker; when none is
-  left (its only worker was killed), it cancels the attempt (a queued request is removed and
-  settled with nothing billed) and moves on the same way, instead of waiting for a worker
-  that is not there.
+  left (its only worker was killed) and another target can take the request, it cancels the
+  attempt (a queued request is removed and settled with nothing billed) and moves on the same
+  way, instead of waiting for a worker that is not there. With no other target the request
+  keeps its place in the queue (a restarted worker serves it, or its deadline ends it).
 
 After the first token nothing is retried: the error event stands, as before. Each attempt is
 its own admitted request (id ``{rid}-{n}``), settled and metered once by whoever ends it; an
@@ -35,17 +36,24 @@ log = logging.getLogger(__name__)
 WATCH_S = 0.5
 MIN_LEFT_S = 0.5  # a retry needs at least this much of the first-token deadline left
 
+POOL_DOWN = facade.ErrorEvent(
+    "pool_down", "No worker of the pool serving this request is alive, and no other can take "
+    "it; please retry.", retryable=True)
+
 NextAttempt = Callable[[str], Awaitable[tuple[Target, Submission] | None]]
+CanMove = Callable[[], Awaitable[bool]]
 
 
 class Failover:
     def __init__(self, target: Target, first: Submission, next_attempt: NextAttempt,
-                 on_switch: Callable[[Target], None] | None = None) -> None:
+                 on_switch: Callable[[Target], None] | None = None,
+                 can_move: CanMove | None = None) -> None:
         self.target = target
         self.current = first
         self.rate_limit = first.rate_limit
         self._next_attempt = next_attempt
         self._on_switch = on_switch
+        self._can_move = can_move
         self.attempts: list[tuple[str, str]] = [(target.pool.name, first.request_id)]
         self._abandoned = False
         self._background: set[asyncio.Task[object]] = set()
@@ -79,6 +87,9 @@ class Failover:
                             retry = await self._switch(event)
                             if retry:
                                 break
+                            if self._abandoned:  # cancelled by us, and nowhere to go after all
+                                yield POOL_DOWN
+                                return
                         elif isinstance(event, facade.FinishEvent):
                             self._record(True)
                     yield event
@@ -122,6 +133,10 @@ class Failover:
             except Exception:  # Redis unreachable: the relay's own outage handling decides
                 continue
             if live.get(pool, 0) == 0:
+                # Only when another target can take it: with none, the request keeps its place
+                # (a supervisor restarting the worker serves it, or its deadline ends it).
+                if self._can_move is None or not await self._can_move():
+                    continue
                 self._abandoned = True
                 await sub.cancel("pool_down")
                 return
