@@ -236,6 +236,23 @@ GATEWAY_ADMIN_PASSWORD = env_str("GATEWAY_ADMIN_PASSWORD", "")
 # Serving: the simulated engine's pool and heartbeat timing.
 WORKER_HEARTBEAT_SECONDS = env_float("WORKER_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
 WORKER_DEAD_AFTER_SECONDS = env_float("WORKER_DEAD_AFTER_SECONDS", 5.0, minimum=0.2)
+# Pool circuit breakers (serving/health.py): this many consecutive retryable failures before
+# the first token open a pool's breaker; it stays open this long, then lets one probe through
+# per probe window. A pool with no live worker is refused at once, whatever its breaker says.
+BREAKER_FAILURES = env_int("BREAKER_FAILURES", 3, minimum=1)
+BREAKER_COOLDOWN_SECONDS = env_float("BREAKER_COOLDOWN_SECONDS", 5.0, minimum=0.0)
+BREAKER_PROBE_SECONDS = env_float("BREAKER_PROBE_SECONDS", 10.0, minimum=0.1)
+# Routes (gateway/inference/routes.py): attempts on other targets after a retryable failure
+# before the first token, unless the route sets its own count.
+ROUTE_RETRIES = env_int("ROUTE_RETRIES", 2, minimum=0)
+# The exact-match response cache (opt-in per tenant, key or request; docs/adr: the cache): an
+# entry lives this long, a tenant holds at most this many, and a larger answer is not cached.
+RESPONSE_CACHE_TTL_SECONDS = env_float("RESPONSE_CACHE_TTL_SECONDS", 300.0, minimum=1.0)
+RESPONSE_CACHE_MAX_ENTRIES = env_int("RESPONSE_CACHE_MAX_ENTRIES", 1000, minimum=1)
+RESPONSE_CACHE_MAX_ENTRY_BYTES = env_int("RESPONSE_CACHE_MAX_ENTRY_BYTES", 262_144, minimum=1024)
+# manage.py serve looks at the pool table this often, and starts, stops or restarts the pool
+# workers of pools added, disabled or changed meanwhile.
+SERVE_POOL_POLL_SECONDS = env_float("SERVE_POOL_POLL_SECONDS", 1.0, minimum=0.1)
 # Gateway liveness (serving.liveness): a dead gateway's unread requests are cancelled.
 GATEWAY_HEARTBEAT_SECONDS = env_float("GATEWAY_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
 GATEWAY_DEAD_AFTER_SECONDS = env_float("GATEWAY_DEAD_AFTER_SECONDS", 10.0, minimum=0.2)

@@ -506,7 +506,7 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
 
 # Identity providers and client-certificate bindings, and who may act in a tenant (grants,
 # invitations, management tokens), have their own admin modules.
-from tenants import admin_access, admin_signin  # noqa: E402, F401
+from tenants import admin_access, admin_routes, admin_signin  # noqa: E402, F401
 
 # --- sign-in lockouts (django-axes) ---------------------------------------------------------
 

@@ -23,6 +23,8 @@ CAN: dict[str, frozenset[str]] = {
     "projects": frozenset({OWNER, MEMBER, BILLING}),  # read; owners change them
     "budgets": frozenset({OWNER, BILLING}),  # read with spend; owners change them
     "manage_budgets": frozenset({OWNER}),  # budgets, projects, resuming a key over budget
+    "fallbacks": frozenset({OWNER, MEMBER}),  # the tenant's own fallback order per model
+    "manage_fallbacks": frozenset({OWNER}),
 }
 
 

@@ -22,8 +22,11 @@ from tenants.models import (
     ManagementToken,
     Pool,
     Project,
+    Route,
+    RouteTarget,
     ServedModel,
     StaffGrant,
+    TenantFallback,
 )
 from tests.worlds import build_world, make_user, this_hour
 
@@ -93,6 +96,13 @@ ENDPOINTS = [
     ("get", f"{T}/alerts/events/", None, 200, 403, 200, 404, 404, 404),
     ("get", f"{T}/content-logging/", None, 200, 403, 403, 404, 404, 404),
     ("put", f"{T}/content-logging/set/", {"enabled": True}, 200, 403, 403, 404, 404, 404),
+    ("get", f"{T}/fallbacks/", None, 200, 200, 403, 404, 404, 404),
+    ("post", f"{T}/fallbacks/", {"model": "sim-other", "fallbacks": ["sim-small"]},
+     201, 403, 403, 404, 404, 404),
+    ("get", f"{T}/fallbacks/{{fallback}}/", None, 200, 200, 403, 404, 404, 404),
+    ("patch", f"{T}/fallbacks/{{fallback}}/", {"fallbacks": ["sim-x"]},
+     200, 403, 403, 404, 404, 404),
+    ("delete", f"{T}/fallbacks/{{fallback}}/", None, 204, 403, 403, 404, 404, 404),
     ("get", "/api/tenants/", None, 403, 403, 403, 403, 403, 200),
     ("get", "/api/tenants/acme/", None, 403, 403, 403, 403, 403, 200),
     ("patch", "/api/tenants/acme/", {"status": "suspended"}, 403, 403, 403, 403, 403, 200),
@@ -103,6 +113,12 @@ ENDPOINTS = [
     ("get", "/api/pools/", None, 200, 200, 200, 200, 403, 200),
     ("patch", "/api/pools/shared-small/", {"enabled": False}, 403, 403, 403, 403, 403, 200),
     ("get", "/api/prices/", None, 200, 200, 200, 200, 403, 200),
+    ("get", "/api/routes/", None, 200, 200, 200, 200, 403, 200),
+    ("get", "/api/routes/{route}/", None, 200, 200, 200, 200, 403, 200),
+    ("post", "/api/routes/", {"name": "fast", "targets": [{"pool": "shared-small", "weight": 2}]},
+     403, 403, 403, 403, 403, 201),
+    ("patch", "/api/routes/{route}/", {"fallbacks": ["sim-small"]}, 403, 403, 403, 403, 403, 200),
+    ("delete", "/api/routes/{route}/", None, 403, 403, 403, 403, 403, 204),
     ("post", "/api/prices/", {"model_name": "sim-small", "currency": "USD",
                               "input_per_mtok": "1", "cached_input_per_mtok": "0.5",
                               "output_per_mtok": "2", "effective_from": "2026-01-01T00:00:00Z"},
@@ -128,6 +144,10 @@ def world(redis_client, tmp_path):
     world.token, _ = issue_token(world.tenant, "ci", "owner", created_by=world.users["owner"])
     world.project = Project.objects.create(tenant=world.tenant, name="web", slug="web")
     world.budget = Budget.objects.create(tenant=world.tenant, level="tenant", limit=10)
+    world.fallback = TenantFallback.objects.create(tenant=world.tenant, model="sim-small",
+                                                   fallbacks=["sim-large"])
+    world.route = Route.objects.create(name="chat-default", fallbacks=["sim-small"])
+    RouteTarget.objects.create(route=world.route, pool=Pool.objects.get(name="shared-small"))
     world.invitation = Invitation.objects.create(
         tenant=world.tenant, email="x@example.test", secret_hash="0" * 64,
         expires_at=timezone.now() + timedelta(days=1))
@@ -173,6 +193,7 @@ def _path(world, template: str) -> str:
         quota=world.tenant.quotas.get(model=None).id, alert=world.alert.id,
         export=world.export.id, invitation=world.invitation.id, token=world.token.id,
         project=world.project.id, budget=world.budget.id,
+        fallback=world.fallback.id, route=world.route.id,
     )
 
 

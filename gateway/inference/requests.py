@@ -51,6 +51,8 @@ COMMON = frozenset({
     "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
     # vLLM's extensions (the official client sends them with ``extra_body``).
     "repetition_penalty", "min_tokens",
+    # Models to fall back to when the asked one cannot serve (LiteLLM's extra_body field).
+    "fallbacks",
 })
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
                         "parallel_tool_calls", "response_format", "top_logprobs"}
@@ -99,6 +101,7 @@ class InferenceRequest:
     tool_choice: ToolChoice = NO_TOOLS
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def text_size(self) -> int:
@@ -159,6 +162,7 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         tool_choice=parse_tool_choice(fields.get("tool_choice"), tools),
         parallel_tool_calls=_bool(fields, "parallel_tool_calls", True),
         response_format=parse_response_format(fields.get("response_format")),
+        fallbacks=_fallbacks(fields),
     )
 
 
@@ -175,6 +179,19 @@ def end_user_id(req: EndUserFields) -> str | None:
     current name), else ``user`` (the older one); None when the client named nobody. The one
     place that decides it: usage records and end-user budgets key by this value."""
     return req.safety_identifier or req.user or None
+
+
+MAX_FALLBACKS = 4
+
+
+def _fallbacks(fields: dict[str, Any]) -> tuple[str, ...]:
+    value = fields.get("fallbacks", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _type_error("fallbacks", "a list of model names")
+    if len(value) > MAX_FALLBACKS:
+        raise ApiError(400, f"fallbacks: at most {MAX_FALLBACKS} models.", param="fallbacks",
+                       code="invalid_value")
+    return tuple(dict.fromkeys(value))
 
 
 def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:
