@@ -348,6 +348,9 @@ class ApiKey(models.Model):
     response_cache = models.BooleanField(
         default=False, help_text="Opt-in for this key's requests (the tenant's switch turns it "
                                  "on for every key).")
+    # Set when a successor was issued (``tenants.keys.rotate_key``): the key is retiring, works
+    # until ``expires_at`` and cannot be rotated again (the successor is the one to rotate).
+    rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = ApiKeyQuerySet.as_manager()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 OWNER, MEMBER, BILLING = "owner", "member", "billing"
 
 CAN: dict[str, frozenset[str]] = {
+    "overview": frozenset({OWNER, MEMBER, BILLING}),  # getting started: base URL, models, prices
     "keys": frozenset({OWNER, MEMBER}),  # a member sees and manages only the keys they made
     "all_keys": frozenset({OWNER}),
     "usage": frozenset({OWNER, MEMBER, BILLING}),

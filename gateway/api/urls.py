@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter, SimpleRouter
 
 from gateway.api import views
-from gateway.api.offline_docs import same_origin_only
+from gateway.api.offline_docs import redoc_bundle, same_origin_only
 
 platform = DefaultRouter()
 platform.register("tenants", views.TenantViewSet, basename="tenant")
@@ -45,6 +45,11 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", same_origin_only(SpectacularSwaggerView.as_view(url_name="api:schema")),
          name="docs"),
+    # The OpenAI-compatible /v1 API first (what most readers want), then the management API.
+    path("redoc/inference/", same_origin_only(SpectacularRedocView.as_view(
+        url="/v1/openapi.json", template_name="drf_spectacular/redoc.html")),
+         name="redoc_inference"),
+    path("redoc/bundle.js", redoc_bundle, name="redoc_bundle"),
     path("redoc/", same_origin_only(SpectacularRedocView.as_view(url_name="api:schema")),
          name="redoc"),
     path("tenants/<slug:tenant>/", include(scoped.urls)),
