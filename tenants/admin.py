@@ -517,7 +517,7 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 
-# --- projects and budgets (docs/adr/0021) ------------------------------------------------------
+# --- projects and budgets (docs/adr/0022) ------------------------------------------------------
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin[Project]):
