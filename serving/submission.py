@@ -133,6 +133,17 @@ class Submission:
         self._ended = False
         self._sub: transport.Subscription | None = None
 
+    def first_token_left(self) -> float:
+        """Seconds left before the first-token deadline (negative once it passed)."""
+        return self._started + self.ttft_deadline_s - time.monotonic()
+
+    def share_deadlines(self, other: Submission) -> None:
+        """Run this request's deadlines from ``other``'s admission: a retry of a request
+        (gateway.inference.failover) gets no more time than the request had."""
+        self._started = other._started
+        self.ttft_deadline_s = other.ttft_deadline_s
+        self.total_deadline_s = other.total_deadline_s
+
     def pending(self) -> bool:
         """Whether the next stream entry is already here (the relay then batches its write)."""
         return self._sub is not None and self._sub.ready > 0

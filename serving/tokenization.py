@@ -147,6 +147,10 @@ class HFTokenizer:
             out.append(bytes(table[c] for c in piece))
         return tuple(out)
 
+    def vocab_pieces(self) -> list[str]:
+        """Every token's spelling in the vocabulary, added tokens included."""
+        return list(self._tok.get_vocab(with_added_tokens=True))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without BOS/EOS (what admission counts for a prompt)."""
         return self._tok.encode(text, add_special_tokens=False).ids

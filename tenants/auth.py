@@ -132,6 +132,7 @@ class Principal:
     allowed_model_names: frozenset[str]  # empty = every model the tenant may use
     key_caps: KeyCaps
     content_logging: bool = False
+    response_cache: bool = False  # opted in, by its tenant or its key (gateway.inference.cache)
     tenant_active: bool = True
     expires_at: datetime | None = None
     tenant_cells: tuple[str, ...] = ()  # home first; () = no cells (docs/adr/0019)
@@ -308,6 +309,7 @@ def _principal(row: ApiKey) -> Principal:
         allowed_model_names=frozenset(row.allowed_models.values_list("name", flat=True)),
         key_caps=KeyCaps(**{f: getattr(row, f) for f in LIMIT_FIELDS}),
         content_logging=tenant.content_logging,
+        response_cache=tenant.response_cache or row.response_cache,
         tenant_active=tenant.is_active,
         expires_at=row.expires_at,
         tenant_cells=tenant.cells,
@@ -505,6 +507,7 @@ def principal_for_tenant(tenant: Tenant, *, key_id: int, key_prefix: str) -> Pri
         allowed_model_names=frozenset(),
         key_caps=KeyCaps(),
         content_logging=tenant.content_logging,
+        response_cache=tenant.response_cache,
         tenant_active=tenant.is_active,
         tenant_cells=tenant.cells,
         quotas=MappingProxyType(quota_table(tenant)),

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from infra.uvicorn_command import uvicorn_argv
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -194,10 +196,9 @@ def start_uvicorn(
 ) -> tuple[Proc, str]:
     """The ASGI gateway on a free port; returns (process, base URL)."""
     port = port or free_port()
-    args = [sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", "127.0.0.1",
-            "--port", str(port), "--log-level", "warning",
-            "--http", "gateway.httpproto:BoundedHttpToolsProtocol",  # header deadline
-            "--no-proxy-headers"]  # scope["client"] is the peer (infra.clientaddr)
+    # The image's command line (infra.uvicorn_command: --no-proxy-headers, header deadline).
+    args = uvicorn_argv(sys.executable, ["--host", "127.0.0.1", "--port", str(port),
+                                         "--log-level", "warning"])
     return Proc(f"uvicorn-{port}", args, child_env(env)), f"http://127.0.0.1:{port}"
 
 

@@ -38,9 +38,15 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
         model = Tenant
         fields = ["id", "name", "slug", "status", "tier", "region", "home_cell", "extra_cells",
                   "content_logging", "end_user_header", "created_at", "updated_at"]
-        read_only_fields = ["id", "created_at", "updated_at"]
+        # Content logging is the tenant's decision, switched by its owner with an audit row
+        # (``PUT /api/tenants/<t>/content-logging/set/``), never by platform staff here.
+        read_only_fields = ["id", "content_logging", "end_user_header", "created_at", "updated_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(self.initial_data, dict) and "content_logging" in self.initial_data:
+            raise serializers.ValidationError({"content_logging": [
+                "Only the tenant's owner switches content logging, through "
+                "/api/tenants/<tenant>/content-logging/set/ (audited)."]})
         # The model's clean() names unknown cells; DRF does not call it by itself.
         probe = Tenant(home_cell=attrs.get("home_cell", getattr(self.instance, "home_cell", "")),
                        extra_cells=attrs.get("extra_cells",

@@ -33,6 +33,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -42,7 +43,16 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from gateway import shutdown
 from gateway.contentlog.store import aenqueue_content
-from gateway.inference import cells, embeddings, idempotency, overload, revocation, sse
+from gateway.inference import (
+    cache,
+    cells,
+    embeddings,
+    idempotency,
+    overload,
+    oversize,
+    revocation,
+    sse,
+)
 from gateway.inference.bodies import (
     ChunkTemplate,
     UsageCounts,
@@ -62,6 +72,7 @@ from gateway.inference.errors import (
     server_error,
     unavailable,
 )
+from gateway.inference.failover import Failover
 from gateway.inference.pools import PoolInfo, choose_pool, serving_model, visible_models
 from gateway.inference.requests import (
     InferenceRequest,
@@ -75,6 +86,7 @@ from gateway.inference.responses_api import (
     responses_param,
     to_chat,
 )
+from gateway.inference.routes import Router, Target, targets_for
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.sizing import size_request, tokenize
 from gateway.inference.submit import submit_request
@@ -231,7 +243,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         usage = self.usage_seen
         tracing.set_attributes(
             span, http__response__status_code=self.status or None,
-            gen_ai__request__model=getattr(self, "model_name", None),
+            gen_ai__request__model=getattr(self, "logged_model", None),
             pool=pool.name if pool is not None else None,
             tenant=principal.tenant_slug if principal else None,
             tenant__id=principal.tenant_id if principal else None,
@@ -254,7 +266,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         pool = getattr(self, "pool", None)
         item = requestlog.refusal_json(
             request_id=self.request_id, tenant_id=principal.tenant_id, key_id=principal.key_id,
-            model=getattr(self, "model_name", ""), pool=pool.name if pool is not None else "",
+            model=getattr(self, "logged_model", ""), pool=pool.name if pool is not None else "",
             http_status=err.status, error_code=err.code or err.type,
             end_user=getattr(self, "end_user", "") or None, stream=getattr(self, "stream", False),
             prompt_tokens=getattr(self, "prompt_tokens", 0),
@@ -267,7 +279,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
     def noted(self, model: str, stream: bool) -> None:
         """What the request log shows of a parsed request (never its content; the end user is
         ``self.end_user``, set with the request)."""
-        self.model_name, self.stream = model, stream
+        self.logged_model, self.stream = model, stream
 
     def overhead_ms(self) -> float:
         """Time in the gateway so far, less the wait for the worker (metering.overhead)."""
@@ -457,7 +469,7 @@ class CompletionConsumer(ApiConsumer):
     kind: Kind = "chat"
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        self.submission: Submission | None = None
+        self.submission: Submission | Failover | None = None
         # Holds an Idempotency-Key claim: a client that hangs up (a timeout) will retry with
         # the key, so the request runs on and its answer is stored for the retry to replay,
         # instead of being cancelled and run (and paid) again.
@@ -484,26 +496,18 @@ class CompletionConsumer(ApiConsumer):
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
             return
-        pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
-                                 principal.allowed_model_names)
-        self.pool = pool
-        if pool.model.task == "embed":
-            raise ApiError(400, f"The model `{req.model}` is an embedding model: use "
-                           "/v1/embeddings.", param="model", code="invalid_value")
-        limits = principal.limits(req.model)
-        prompt_ids = await tokenize(req, pool.model)
-        sized = size_request(req, prompt_ids, await serving_model(pool), limits)
-        sampling = sampling_params(req, sized.max_tokens, pool.model.tool_call_parser)
-        check_supported(req, sampling, pool)
-        await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
+        self.router = Router(req.model, principal, req.fallbacks)
+        if await self._from_cache(principal, req, data):
+            return
+        target, prepared = await self._first_target(req)
+        limits = principal.limits(target.served_model)
         claim = await self._idempotency(principal, data, req, limits.total_deadline_s)
         if isinstance(claim, idempotency.Replay):
             await self.send_json(claim.status, claim.body, {"idempotent-replayed": "true"})
             return
         self.finish_detached = claim is not None
         try:
-            status, answer = await self._serve(principal, req, pool, sized.prompt_token_ids,
-                                               sampling)
+            status, answer = await self._serve(principal, req, target, prepared)
         except BaseException:
             if claim is not None:
                 await asyncio.shield(claim.abandon())
@@ -520,30 +524,168 @@ class CompletionConsumer(ApiConsumer):
         return await idempotency.begin(principal.tenant_id, idempotency.checked_key(value),
                                        idempotency.body_hash(data), deadline_s + 60)
 
-    async def _serve(self, principal: Principal, req: InferenceRequest, pool: PoolInfo,
-                     prompt_ids: list[int], sampling: SamplingParams) -> tuple[int, bytes]:
+    cacheable = True  # the Responses API answers in other shapes: not from this cache
+
+    async def _from_cache(self, principal: Principal, req: InferenceRequest,
+                          data: dict[str, Any]) -> bool:
+        """Answer from the tenant's response cache when it opted in and has this answer
+        (gateway.inference.cache); True when answered. On a miss the answer is stored at its
+        end (``remember``)."""
+        self.cache_digest: str | None = None
+        how = cache.mode(principal, self.header(cache.HEADER.encode()), req) \
+            if self.cacheable else None
+        if how is None:
+            return False
+        await targets_for(req.model, principal)  # 404 for a model this key may not call
+        self.cache_digest = cache.digest(req.kind, data)
+        self.cache_state = "refresh" if how == "refresh" else "miss"
+        if how == "refresh":
+            return False
+        entry = await cache.response_cache.get(principal.tenant_id, self.cache_digest)
+        if entry is None:
+            return False
+        self.cache_state = "hit"
+        await self._answer_cached(req, entry)
+        return True
+
+    async def _answer_cached(self, req: InferenceRequest, entry: cache.Entry) -> None:
+        self.served_model = entry.model
+        await cache.meter_hit(self.principal, self.request_id, entry, stream=req.stream)
+        usage = UsageCounts(entry.prompt_tokens, entry.completion_tokens, entry.prompt_tokens)
+        created = created_of(self.request_id)
+        if not req.stream:
+            body = completion_body(req.kind, self.request_id, created, entry.model,
+                                   "".join(entry.pieces), entry.finish_reason, usage)
+            await self.send_json(200, dumps(body), self.served_headers(req))
+            return
+        tpl = ChunkTemplate(req.kind, self.request_id, created, entry.model, req.include_usage)
+        parts = [sse.event(tpl.role())] if req.kind == "chat" else []
+        parts += [sse.event(tpl.delta(piece)) for piece in entry.pieces]
+        parts.append(sse.event(tpl.finish(entry.finish_reason)))
+        if req.include_usage:
+            parts.append(sse.event(tpl.usage(usage)))
+        parts.append(sse.DONE)
+        await self.start(200, self.served_headers(req), sse.HEADERS)
+        await self.write(b"".join(parts), more=False)
+
+    async def remember(self, req: InferenceRequest, pieces: list[str],
+                       event: FinishEvent) -> None:
+        """Store a finished answer in the tenant's cache when this request is cached."""
+        if getattr(self, "cache_digest", None) is None or event.finish_reason not in \
+                FINISH_REASONS or self.cache_state == "hit":
+            return
+        entry = cache.Entry(self.model_name(req), self.pool.name, pieces, event.finish_reason,
+                            event.usage.prompt_tokens, event.usage.completion_tokens)
+        try:
+            await cache.response_cache.put(self.principal.tenant_id, str(self.cache_digest),
+                                           entry)
+        except redis.RedisError:  # the answer was sent; a cache that cannot store just misses
+            log.warning("response cache store failed for %s", self.request_id)
+
+    async def _first_target(self, req: InferenceRequest) -> tuple[Target, Prepared]:
+        """The first target that takes the request; an overloaded one is passed over for the
+        next (its priority's other targets, then the fallbacks: gateway.inference.routes)."""
+        while True:
+            target = await self.router.pick()
+            try:
+                return target, await self._prepare(req, target)
+            except ApiError as exc:
+                if exc.code != "overloaded":
+                    raise
+                self.router.exclude(target, "overloaded")
+
+    async def _prepare(self, req: InferenceRequest, target: Target) -> Prepared:
+        """Tokenize and size the request for one target's model; refuse what it cannot take."""
+        pool = target.pool
+        if pool.model.task == "embed":
+            raise ApiError(400, f"The model `{req.model}` is an embedding model: use "
+                           "/v1/embeddings.", param="model", code="invalid_value")
+        limits = self.principal.limits(target.served_model)
+        async with oversize.counted(self.principal.tenant_id):  # repeated 400s for size: 429
+            prompt_ids = await tokenize(req, pool.model)
+            sized = size_request(req, prompt_ids, await serving_model(pool), limits)
+        sampling = sampling_params(req, sized.max_tokens, pool.model.tool_call_parser)
+        check_supported(req, sampling, pool)
+        await overload.check(pool.name, pool.max_sequences, self.principal.tenant_id)
+        return Prepared(sized.prompt_token_ids, sampling)
+
+    def _use(self, target: Target) -> None:
+        """Answer as ``target``: its pool's tool parser and tokenizer, its model's name."""
+        self.pool = target.pool
+        self.served_model = target.served_model
+
+    async def _submit(self, req: InferenceRequest, target: Target, prepared: Prepared,
+                      request_id: str) -> Submission | Rejection:
+        self.prompt_tokens = len(prepared.prompt_ids)
+        with tracing.child(self.span, "admission", pool=target.pool.name):
+            return await submit_request(
+                request_id=request_id, principal=self.principal, pool=target.pool.name,
+                model=target.served_model, prompt_token_ids=prepared.prompt_ids,
+                sampling=prepared.sampling, stream=req.stream, adapter=target.pool.adapter,
+                end_user=self.end_user, trace=tracing.carrier(self.span))
+
+    async def _serve(self, principal: Principal, req: InferenceRequest, target: Target,
+                     prepared: Prepared) -> tuple[int, bytes]:
         """Submit and answer; returns the non-streaming answer (for idempotency) or (0, b"")."""
-        self.prompt_tokens = len(prompt_ids)
-        with tracing.child(self.span, "admission", pool=pool.name):
-            result = await submit_request(
-                request_id=self.request_id, principal=principal, pool=pool.name,
-                model=req.model, prompt_token_ids=prompt_ids, sampling=sampling,
-                stream=req.stream, adapter=pool.adapter, end_user=self.end_user,
-                trace=tracing.carrier(self.span))
+        self._use(target)
+        result = await self._submit(req, target, prepared, self.request_id)
         if isinstance(result, Rejection):
-            await metrics.count_rejection(get_async_redis(), principal.tenant_id, req.model,
-                                          result.reason)
+            await metrics.count_rejection(get_async_redis(), principal.tenant_id,
+                                          target.served_model, result.reason)
             raise rejection_error(result)
-        self.submission = result
+        sub = Failover(target, result, functools.partial(self._next_attempt, req), self._use,
+                       self._can_move)
+        self.submission = sub
         if self.disconnected.is_set():  # gone while we were admitting
-            await result.cancel("client_disconnect")
+            await sub.cancel("client_disconnect")
         headers = result.rate_limit.headers()
         if req.stream:
-            await self.relay(req, result, headers)
+            await self.relay(req, sub, headers)
             return 0, b""
-        return await self._collect(req, result, headers)
+        return await self._collect(req, sub, headers)
 
-    async def relay(self, req: InferenceRequest, sub: Submission,
+    async def _can_move(self) -> bool:
+        """Whether another target could take this request now (its pool lost its workers)."""
+        router = self.router
+        if self.disconnected.is_set() or not router.may_retry() or \
+                not isinstance(self.submission, Failover):
+            return False
+        excluded, reasons = set(router.excluded), dict(router.reasons)
+        router.excluded.add(self.submission.target.pool.name)
+        try:
+            await router.pick()
+            return True
+        except ApiError:
+            return False
+        finally:
+            router.excluded, router.reasons = excluded, reasons
+
+    async def _next_attempt(self, req: InferenceRequest,
+                            failure: str) -> tuple[Target, Submission] | None:
+        """Another target after a failure before the first token (gateway.inference.failover);
+        None when the route allows no more attempts or nothing else can take it."""
+        router = self.router
+        if self.disconnected.is_set() or not router.may_retry():
+            return None
+        assert isinstance(self.submission, Failover)
+        router.exclude(self.submission.target, failure)
+        router.failures += 1
+        while True:
+            try:
+                target = await router.pick()
+                prepared = await self._prepare(req, target)
+            except ApiError as exc:
+                if exc.code == "overloaded":
+                    router.exclude(target, "overloaded")
+                    continue
+                return None
+            rid = f"{self.request_id}-{router.failures}"
+            result = await self._submit(req, target, prepared, rid)
+            if isinstance(result, Rejection):
+                return None  # the tenant's own limits: the first failure stands
+            return target, result
+
+    async def relay(self, req: InferenceRequest, sub: Submission | Failover,
                     headers: dict[str, str]) -> None:
         await Relay(self, req, self.timed(sub.events()), headers).run()
 
@@ -574,9 +716,19 @@ class CompletionConsumer(ApiConsumer):
     def answer(self, req: InferenceRequest, asm: Assembler, usage: UsageCounts) -> bytes:
         """A whole response from a finished assembler."""
         return dumps(choices_body(req.kind, self.request_id, created_of(self.request_id),
-                                         req.model, asm.choices(), usage))
+                                         self.model_name(req), asm.choices(), usage))
 
-    async def _collect(self, req: InferenceRequest, sub: Submission,
+    def model_name(self, req: InferenceRequest) -> str:
+        """The ``model`` an answer names: the one that actually served it."""
+        return getattr(self, "served_model", None) or req.model
+
+    def served_headers(self, req: InferenceRequest) -> dict[str, str]:
+        headers = {SERVED_HEADER: self.model_name(req)}
+        if getattr(self, "cache_digest", None) is not None:
+            headers["x-cache"] = self.cache_state
+        return headers
+
+    async def _collect(self, req: InferenceRequest, sub: Submission | Failover,
                        headers: dict[str, str]) -> tuple[int, bytes]:
         pieces: list[str] = []
         tokens = 0
@@ -599,9 +751,11 @@ class CompletionConsumer(ApiConsumer):
                 else:
                     text = "".join(pieces)
                     answer = dumps(completion_body(
-                        req.kind, self.request_id, created, req.model, text,
+                        req.kind, self.request_id, created, self.model_name(req), text,
                         event.finish_reason, usage))
-                await self.send_json(200, answer, headers)
+                await self.send_json(200, answer, {**headers, **self.served_headers(req)})
+                if asm is None:
+                    await self.remember(req, pieces, event)
                 await self.log_content(req, text)
                 return 200, answer
             else:
@@ -644,8 +798,8 @@ class EmbeddingsConsumer(CompletionConsumer):
         req = embeddings.parse(data)
         self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
         self.noted(req.model, False)
-        pool = await choose_pool(req.model, principal.tenant_id, principal.tenant_region,
-                                 principal.allowed_model_names)
+        # The router's health check refuses at once a model whose pools have no live worker.
+        pool = (await Router(req.model, principal).pick()).pool
         self.pool = pool
         if pool.model.task != "embed":
             raise ApiError(400, f"The model `{req.model}` does not serve embeddings.",
@@ -686,6 +840,7 @@ class ResponsesConsumer(CompletionConsumer):
 
     kind: Kind = "chat"
     resumable = False
+    cacheable = False
 
     async def handle(self, body: bytes) -> None:
         try:
@@ -707,7 +862,7 @@ class ResponsesConsumer(CompletionConsumer):
         builder = ResponseBuilder(self.request_id, req.model, self.body_data)
         return dumps(builder.whole(asm, usage))
 
-    async def relay(self, req: InferenceRequest, sub: Submission,
+    async def relay(self, req: InferenceRequest, sub: Submission | Failover,
                     headers: dict[str, str]) -> None:
         asm = self.assembler(req)
         builder = ResponseBuilder(self.request_id, req.model, self.body_data)
@@ -757,8 +912,7 @@ class Relay:
         self.events = events
         self.headers = headers
         self.resumed = resumed
-        self.tpl = ChunkTemplate(req.kind, consumer.request_id,
-                                 created_of(consumer.request_id), req.model, req.include_usage)
+        self.tpl = self._template()
         self.asm = consumer.assembler(req)
         self.id_prefix = consumer.request_id + sse.RESUME_SEPARATOR
         self._id_head = b"id: " + self.id_prefix.encode()
@@ -775,6 +929,9 @@ class Relay:
         self.pieces: list[str] | None = (
             [] if principal is not None and principal.content_logging and not resumed else None
         )
+        # The deltas as streamed, for the response cache (only when this request is cached).
+        self.cached: list[str] | None = (
+            [] if getattr(consumer, "cache_digest", None) and not resumed else None)
 
     async def run(self) -> None:
         ticker = asyncio.create_task(self._keepalive())
@@ -786,7 +943,9 @@ class Relay:
             pump.cancel()
 
         try:
-            with revocation.watching(self.c.scope, end):
+            principal = getattr(self.c, "principal", None)
+            with revocation.watching(self.c.scope, end,
+                                     getattr(principal, "expires_at", None)):
                 await pump
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -806,10 +965,24 @@ class Relay:
         await self._flush()
         raise ApiError(error.status, error.message, type=error.type, code=error.code)
 
+    def _template(self) -> ChunkTemplate:
+        c = self.c
+        return ChunkTemplate(self.req.kind, c.request_id, created_of(c.request_id),
+                             c.model_name(self.req), self.req.include_usage)
+
     async def _begin(self) -> None:
         if self.c.started:
             return
-        await self.c.start(200, self.headers, sse.HEADERS)
+        # Named now, not when the request was admitted: a retry before the first token may
+        # have moved it to another target (gateway.inference.failover). The resume id names
+        # the attempt whose stream the events come from.
+        self.tpl = self._template()
+        submission = self.c.submission
+        if submission is not None and not self.resumed:
+            self.id_prefix = submission.request_id + sse.RESUME_SEPARATOR
+            self._id_head = b"id: " + self.id_prefix.encode()
+        await self.c.start(200, {**self.headers, **self.c.served_headers(self.req)},
+                           sse.HEADERS)
         if self.req.kind == "chat" and not self.resumed:
             if self.asm is not None:
                 await self._write(b"".join(sse.event(self.tpl.choice(c))
@@ -831,6 +1004,8 @@ class Relay:
                 self.tokens += event.token_count
                 if self.pieces is not None:
                     self.pieces.append(event.text)
+                if self.cached is not None:
+                    self.cached.append(event.text)
                 if self.asm is not None:
                     self._chunks(self.asm.feed(event.text), event.event_id)
                 else:
@@ -852,6 +1027,8 @@ class Relay:
                     self._buf.append(sse.event(self.tpl.usage(usage_counts(event.usage))))
                 self._buf.append(sse.DONE)
                 await self._flush(more=False)
+                if self.cached is not None and self.asm is None:
+                    await self.c.remember(self.req, self.cached, event)
                 if self.pieces is not None:
                     await self.c.log_content(self.req, "".join(self.pieces))
                 return
@@ -884,6 +1061,15 @@ class Relay:
 
 
 FINISH_REASONS = frozenset({"stop", "length"})
+SERVED_HEADER = "x-served-model"  # the model that actually served (a route or a fallback)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request tokenized and sized for one target."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
 
 
 def new_request_id() -> str:

@@ -247,8 +247,25 @@ def _usable_by(cat: Catalog, model: str, tenant_id: int) -> bool:
 
 async def choose_pool(model: str, tenant_id: int, region: str,
                       allowed: frozenset[str], *, served_only: bool = True) -> PoolInfo:
-    """The pool for a new request. ``served_only``: only pools a live worker serves (a
-    resumed stream, already in Redis, needs none)."""
+    """The pool for a request that names no route. ``served_only``: only pools a live worker
+    serves (a resumed stream, already in Redis, needs none)."""
+    pools = await candidate_pools(model, tenant_id, region, allowed)
+    pools = await served(pools) if served_only else pools
+    if not pools:
+        # Configured, but no worker runs it: refused now, before anything is charged, rather
+        # than queued until the first-token deadline.
+        raise unavailable(f"No worker is serving `{model}` right now; retry shortly.",
+                          retry_after=5, code="model_not_served")
+    if len(pools) == 1:
+        return pools[0]
+    loads = await pool_loads(pools)
+    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+
+
+async def candidate_pools(model: str, tenant_id: int, region: str,
+                          allowed: frozenset[str]) -> list[PoolInfo]:
+    """Every pool that may serve this tenant ``model`` (no route configured): dedicated ones
+    only when it has any. 404 for a model it cannot see, 503 when none is enabled here."""
     cat = await catalog()
     pools: list[PoolInfo]
     if model in cat.models:
@@ -267,16 +284,7 @@ async def choose_pool(model: str, tenant_id: int, region: str,
         # The model exists but nothing serves it for this tenant right now: retry later.
         raise unavailable(f"No pool serves `{model}` in your region right now.", retry_after=5,
                           code="no_pool")
-    pools = await served(pools) if served_only else pools
-    if not pools:
-        # Configured, but no worker runs it: refused now, before anything is charged, rather
-        # than queued until the first-token deadline.
-        raise unavailable(f"No worker is serving `{model}` right now; retry shortly.",
-                          retry_after=5, code="model_not_served")
-    if len(pools) == 1:
-        return pools[0]
-    loads = await pool_loads(pools)
-    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+    return pools
 
 
 async def served(pools: list[PoolInfo]) -> list[PoolInfo]:

@@ -51,6 +51,8 @@ COMMON = frozenset({
     "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
     # vLLM's extensions (the official client sends them with ``extra_body``).
     "repetition_penalty", "min_tokens",
+    # Models to fall back to when the asked one cannot serve (LiteLLM's extra_body field).
+    "fallbacks",
 })
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
                         "parallel_tool_calls", "response_format", "top_logprobs"}
@@ -99,12 +101,28 @@ class InferenceRequest:
     tool_choice: ToolChoice = NO_TOOLS
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def text_size(self) -> int:
-        """Characters of prompt text, messages and tools (what tokenizing costs)."""
-        size = sum(len(str(m.get("content") or "")) for m in self.messages) + len(self.prompt)
-        return size + sum(len(json.dumps(t)) for t in self.tools)
+        """Characters of prompt text, messages (their tool calls' arguments too) and tools:
+        what tokenizing costs, and a lower bound on what the chat template renders."""
+        size = sum(len(str(m.get("content") or "")) + _calls_size(m) for m in self.messages)
+        return size + len(self.prompt) + sum(
+            len(json.dumps(t, ensure_ascii=False, separators=(",", ":"))) for t in self.tools)
+
+
+def _calls_size(message: dict[str, Any]) -> int:
+    """Characters of an assistant message's tool calls (names and arguments), rendered and
+    tokenized with the message."""
+    size = 0
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            args = fn.get("arguments") or ""  # parsed to an object for the template
+            size += len(str(fn.get("name") or "")) + (len(args) if isinstance(args, str) else len(
+                json.dumps(args, ensure_ascii=False, separators=(",", ":"))))
+    return size
 
 
 def parse(body: bytes, kind: Kind) -> InferenceRequest:
@@ -144,6 +162,7 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         tool_choice=parse_tool_choice(fields.get("tool_choice"), tools),
         parallel_tool_calls=_bool(fields, "parallel_tool_calls", True),
         response_format=parse_response_format(fields.get("response_format")),
+        fallbacks=_fallbacks(fields),
     )
 
 
@@ -160,6 +179,19 @@ def end_user_id(req: EndUserFields) -> str | None:
     current name), else ``user`` (the older one); None when the client named nobody. The one
     place that decides it: usage records and end-user budgets key by this value."""
     return req.safety_identifier or req.user or None
+
+
+MAX_FALLBACKS = 4
+
+
+def _fallbacks(fields: dict[str, Any]) -> tuple[str, ...]:
+    value = fields.get("fallbacks", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _type_error("fallbacks", "a list of model names")
+    if len(value) > MAX_FALLBACKS:
+        raise ApiError(400, f"fallbacks: at most {MAX_FALLBACKS} models.", param="fallbacks",
+                       code="invalid_value")
+    return tuple(dict.fromkeys(value))
 
 
 def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:

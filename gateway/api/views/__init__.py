@@ -13,6 +13,7 @@ from gateway.api.views.platform import (
     TenantViewSet,
 )
 from gateway.api.views.requestlog import RequestLogViewSet
+from gateway.api.views.routes import RouteViewSet, TenantFallbackViewSet
 from gateway.api.views.tokens import ManagementTokenViewSet
 from gateway.api.views.usage import UsageRecordViewSet, UsageRollupViewSet
 
@@ -20,6 +21,6 @@ __all__ = [
     "ApiKeyViewSet", "BudgetViewSet", "ContentLoggingViewSet", "ExportJobViewSet",
     "InvitationViewSet", "ManagementTokenViewSet", "MembershipViewSet", "PlatformReportView",
     "PoolViewSet", "PriceViewSet", "ProjectViewSet", "QuotaViewSet", "ReportViewSet",
-    "RequestLogViewSet", "ServedModelViewSet", "SpendAlertViewSet", "TenantViewSet",
-    "UsageRecordViewSet", "UsageRollupViewSet",
+    "RequestLogViewSet", "RouteViewSet", "ServedModelViewSet", "SpendAlertViewSet",
+    "TenantFallbackViewSet", "TenantViewSet", "UsageRecordViewSet", "UsageRollupViewSet",
 ]

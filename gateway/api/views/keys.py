@@ -38,6 +38,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
 
     @extend_schema(request=s.ApiKeySerializer, responses={201: s.NewApiKeySerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        access.refuse_under_grant(request, self.tenant, "issue API keys")
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
@@ -52,6 +53,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
     @extend_schema(request=s.RotateSerializer, responses={201: s.NewApiKeySerializer})
     @action(detail=True, methods=["post"])
     def rotate(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        access.refuse_under_grant(request, self.tenant, "issue API keys")
         old = self.get_object()
         form = s.RotateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
