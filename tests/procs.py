@@ -162,6 +162,35 @@ def wait_for_worker(client: object, pool: str, worker_id: str, proc: Proc | None
                timeout, f"worker {worker_id} to register", proc)
 
 
+@contextlib.contextmanager
+def wedged_worker(pool: str, worker_id: str, every: float = 0.1) -> Iterator[None]:
+    """A worker that heartbeats and never takes work (a wedged engine host): the pool counts
+    as served (``serving.availability``), so its requests are admitted and wait in its queue
+    until their deadlines. A thread writes the heartbeat the way ``heartbeat.lua`` does."""
+    import threading
+
+    from infra.redis_conn import get_redis
+    from serving.keys import workers_key
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        client = get_redis()
+        while not stop.is_set():
+            secs, micros = client.time()  # type: ignore[misc]
+            client.zadd(workers_key(pool), {worker_id: secs + micros / 1e6})
+            stop.wait(every)
+
+    thread = threading.Thread(target=beat, name=f"wedged-{worker_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+        get_redis().zrem(workers_key(pool), worker_id)
+
+
 def start_uvicorn(
     *, port: int | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[Proc, str]:

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from gateway.inference import oversize
-from gateway.inference.admission import size_cap, tokenize
 from gateway.inference.errors import ApiError
 from gateway.inference.pools import ModelInfo
 from gateway.inference.requests import InferenceRequest, parse
-from workers.prompt_encoding import encode_prompt
+from gateway.inference.sizing import size_cap, tokenize
+from serving.prompt_encoding import encode_prompt
 
 SMALL = ModelInfo("m", None, 2048, 0)
 WIDE = ModelInfo("wide", None, 10_000_000, 0)  # a window nothing is refused by size for
@@ -41,8 +41,8 @@ def test_text_size_counts_tool_call_arguments() -> None:
 def test_the_size_cap_is_a_lower_bound_of_the_token_count() -> None:
     """No prompt under the cap is refused that would fit: the cap allows the longest token for
     every position of the window."""
-    from workers.prompt_encoding import max_token_chars
-    from workers.tokenization import load_tokenizer
+    from serving.prompt_encoding import max_token_chars
+    from serving.tokenization import load_tokenizer
 
     longest = max(load_tokenizer(None).vocab_pieces(), key=len)
     assert max_token_chars(None) == len(longest)

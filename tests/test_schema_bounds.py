@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from gateway.inference.errors import ApiError
 from gateway.inference.requests import InferenceRequest, parse
 from gateway.inference.sampling import check_supported, sampling_params
+from serving.guided import SchemaError, check_schema, sample_json_bounded
+from serving.schema_limits import MAX_SCHEMA_EXPANDED
 from tests.test_api_tools import BACKENDS
 from tests.test_sim_engine import generate_one, req
-from workers.engine.guided import SchemaError, check_schema, sample_json_bounded
-from workers.engine.schema_limits import MAX_SCHEMA_EXPANDED
 from workers.engine.simulated import SimConfig
 
 CONFIG = SimConfig(kv_cache_tokens=8192, max_model_len=2048)

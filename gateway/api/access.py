@@ -48,28 +48,32 @@ def permission_name(model: type[Model], method: str) -> str:
 
 def has_platform_perm(request: Request, model: type[Model], method: str | None = None) -> bool:
     user = staff_user(request)
-    return user is not None and user.has_perm(permission_name(model, method or request.method))
+    return user is not None and user.has_perm(
+        permission_name(model, method or request.method or "GET"))
 
 
 def role_in(request: Request, tenant: Tenant) -> str | None:
     token = token_of(request)
     if token is not None:
         return token.role if token.tenant_id == tenant.pk else None
-    role = (Membership.objects.filter(user_id=request.user.pk, tenant=tenant)
+    uid = request.user.pk
+    if uid is None:  # signed out: no memberships
+        return None
+    role = (Membership.objects.filter(user_id=uid, tenant=tenant)
             .values_list("role", flat=True).first())
     if role is None and staff_user(request) is not None:
-        role = (StaffGrant.objects.active().filter(user_id=request.user.pk, tenant=tenant)
+        role = (StaffGrant.objects.active().filter(user_id=uid, tenant=tenant)
                 .values_list("role", flat=True).first())
     return role
 
 
 def acts_under_grant(request: Request, tenant: Tenant) -> bool:
     """Is the caller in this tenant only by a ``StaffGrant`` (no membership of their own)?"""
-    if token_of(request) is not None or staff_user(request) is None:
+    uid = request.user.pk
+    if token_of(request) is not None or staff_user(request) is None or uid is None:
         return False
-    return (not Membership.objects.filter(user_id=request.user.pk, tenant=tenant).exists()
-            and StaffGrant.objects.active().filter(user_id=request.user.pk,
-                                                   tenant=tenant).exists())
+    return (not Membership.objects.filter(user_id=uid, tenant=tenant).exists()
+            and StaffGrant.objects.active().filter(user_id=uid, tenant=tenant).exists())
 
 
 def refuse_under_grant(request: Request, tenant: Tenant, what: str) -> None:
@@ -90,10 +94,12 @@ def tenant_ids(request: Request) -> list[int]:
     token = token_of(request)
     if token is not None:
         return [token.tenant_id]
-    ids = set(Membership.objects.filter(user_id=request.user.pk).values_list("tenant_id",
-                                                                             flat=True))
+    uid = request.user.pk
+    if uid is None:  # signed out: no memberships
+        return []
+    ids = set(Membership.objects.filter(user_id=uid).values_list("tenant_id", flat=True))
     if staff_user(request) is not None:
-        ids |= set(StaffGrant.objects.active().filter(user_id=request.user.pk)
+        ids |= set(StaffGrant.objects.active().filter(user_id=uid)
                    .values_list("tenant_id", flat=True))
     return sorted(ids)
 

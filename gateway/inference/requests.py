@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.inference.errors import (
     ApiError,
@@ -43,14 +43,17 @@ MAX_LOGIT_BIAS = 300  # entries
 # Parameters OpenAI defines that we refuse rather than ignore (clients would get wrong results).
 UNSUPPORTED = frozenset({
     "functions", "function_call", "audio", "modalities", "prediction",
-    "reasoning_effort", "web_search_options", "echo", "best_of", "suffix",
+    "reasoning_effort", "web_search_options", "echo", "best_of", "suffix", "verbosity",
 })
 COMMON = frozenset({
     "model", "max_tokens", "temperature", "top_p", "stop", "seed", "user", "stream",
+    "safety_identifier", "prompt_cache_key",
     "stream_options", "n", "metadata", "store", "service_tier", "ignore_eos",
     "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
     # vLLM's extensions (the official client sends them with ``extra_body``).
     "repetition_penalty", "min_tokens",
+    # Models to fall back to when the asked one cannot serve (LiteLLM's extra_body field).
+    "fallbacks",
 })
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
                         "parallel_tool_calls", "response_format", "top_logprobs"}
@@ -75,6 +78,12 @@ class InferenceRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str | None = None
+    # OpenAI's newer name for the end user (``tenants.budgets.end_user_of`` reads either).
+    safety_identifier: str | None = None
+    # A hint that requests sharing it share a prompt prefix. Caching stays inside the tenant's
+    # own salt (I1): the key never widens the scope, so it is accepted and changes nothing
+    # another tenant can see.
+    prompt_cache_key: str | None = None
     stream: bool = False
     include_usage: bool = False
     # vLLM's extension (sent with the official client's ``extra_body``): generate max_tokens
@@ -93,6 +102,7 @@ class InferenceRequest:
     tool_choice: ToolChoice = NO_TOOLS
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def text_size(self) -> int:
@@ -137,6 +147,8 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         stop=_stop(fields),
         seed=_int(fields, "seed", None, -(2**63), 2**63 - 1),
         user=_string(fields, "user", max_len=256),
+        safety_identifier=_string(fields, "safety_identifier", max_len=256),
+        prompt_cache_key=_string(fields, "prompt_cache_key", max_len=256),
         stream=stream,
         include_usage=_include_usage(fields, stream),
         ignore_eos=_bool(fields, "ignore_eos", False),
@@ -151,7 +163,36 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         tool_choice=parse_tool_choice(fields.get("tool_choice"), tools),
         parallel_tool_calls=_bool(fields, "parallel_tool_calls", True),
         response_format=parse_response_format(fields.get("response_format")),
+        fallbacks=_fallbacks(fields),
     )
+
+
+class EndUserFields(Protocol):
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def safety_identifier(self) -> str | None: ...
+
+
+def end_user_id(req: EndUserFields) -> str | None:
+    """The end user a request is made for, inside its tenant: ``safety_identifier`` (OpenAI's
+    current name), else ``user`` (the older one); None when the client named nobody. The one
+    place that decides it: usage records and end-user budgets key by this value."""
+    return req.safety_identifier or req.user or None
+
+
+MAX_FALLBACKS = 4
+
+
+def _fallbacks(fields: dict[str, Any]) -> tuple[str, ...]:
+    value = fields.get("fallbacks", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _type_error("fallbacks", "a list of model names")
+    if len(value) > MAX_FALLBACKS:
+        raise ApiError(400, f"fallbacks: at most {MAX_FALLBACKS} models.", param="fallbacks",
+                       code="invalid_value")
+    return tuple(dict.fromkeys(value))
 
 
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")

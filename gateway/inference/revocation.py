@@ -49,7 +49,7 @@ Credential = tuple[tuple[tuple[str, str], ...], str | None]
 class _Stream:
     credential: Credential
     on_revoked: OnRevoked
-    checked_under: bytes | None = None
+    checked_under: bytes | str | None = None  # redis-py types a GET's reply as either
     expires_at: float | None = None  # wall-clock seconds; re-checked once past, then cleared
 
 
@@ -109,7 +109,7 @@ async def _run(watch: _Watch, loop_id: int) -> None:
             del _watches[loop_id]
 
 
-async def _recheck(watch: _Watch, epoch: bytes) -> None:
+async def _recheck(watch: _Watch, epoch: bytes | str) -> None:
     now = time.time()
     due = [s for s in list(watch.streams.values())
            if s.checked_under != epoch or (s.expires_at is not None and now >= s.expires_at)]

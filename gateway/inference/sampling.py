@@ -4,7 +4,7 @@ backend cannot honour one (before anything is charged).
 What each backend honours (docs/openai-compatibility.md has the table):
 
 - ``simulated`` and ``vllm`` (in process): everything; the simulated engine's constrained
-  decoding cannot satisfy ``pattern`` (``workers.engine.guided``), so such schemas are refused.
+  decoding cannot satisfy ``pattern`` (``serving.guided``), so such schemas are refused.
 - ``openai_upstream`` with the ``vllm`` dialect: everything (vLLM's completions endpoint takes
   the penalties, ``min_tokens``, ``structured_outputs`` and ``logprobs``, its tokens sent as
   exact ids with ``return_tokens_as_token_ids``).
@@ -28,9 +28,8 @@ from gateway.inference.errors import ApiError
 from gateway.inference.pools import PoolInfo
 from gateway.inference.requests import InferenceRequest
 from gateway.inference.tools import constraint
-from serving.wire import OPTIONAL
-from workers.engine.base import SamplingParams
-from workers.engine.guided import SchemaError, check_schema
+from serving.guided import SchemaError, check_schema
+from serving.wire import OPTIONAL, SamplingParams
 
 ALL = frozenset(OPTIONAL)
 SUPPORTED: dict[tuple[str, str], frozenset[str]] = {
@@ -87,7 +86,7 @@ def check_supported(req: InferenceRequest, sampling: SamplingParams, pool: PoolI
 
 def check_schemas(req: InferenceRequest, sampling: SamplingParams, pool: PoolInfo) -> None:
     """400 for a schema out of bounds or malformed, on every backend, before any engine or
-    grammar compiler sees it (``workers.engine.schema_limits``: a small schema can describe an
+    grammar compiler sees it (``serving.schema_limits``: a small schema can describe an
     exponential document); the simulated engine's own keyword limits on top. Linear time."""
     for i, tool in enumerate(req.tools):
         params = tool.get("function", {}).get("parameters")

@@ -23,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 
-from workers.prompt_encoding import encode_prompt
+from serving.prompt_encoding import encode_prompt
 
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
@@ -43,7 +43,7 @@ def _executor(replace: ProcessPoolExecutor | None = None) -> ProcessPoolExecutor
 
 async def encode(kind: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                  prompt: str | tuple[int, ...], tokenizer_path: str | None) -> list[int]:
-    """``workers.prompt_encoding.encode_prompt`` in another process (its errors re-raised)."""
+    """``serving.prompt_encoding.encode_prompt`` in another process (its errors re-raised)."""
     loop = asyncio.get_running_loop()
     pool = _executor()
     try:

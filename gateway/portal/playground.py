@@ -25,6 +25,7 @@ from tenants.models import ApiKey, Tenant
 PLAYGROUND_KEY_TTL = timedelta(minutes=30)
 REUSE_MARGIN = timedelta(minutes=2)
 SESSION_KEY = "portal_playground_key"
+PLAYGROUND_PREFIX = "playground ·"  # key forms refuse names starting with it
 
 
 @dataclass
@@ -35,15 +36,20 @@ class PlaygroundKey:
 
 
 def key_name(user: Any) -> str:
-    return f"playground · {user.get_username()}"
+    return f"{PLAYGROUND_PREFIX} {user.get_username()}"
+
+
+def is_playground_key(key: ApiKey) -> bool:
+    return key.created_by is not None and key.name == key_name(key.created_by)
 
 
 def playground_key(session: Any, tenant: Tenant, user: Any,
                    now: datetime | None = None) -> PlaygroundKey:
     now = now or timezone.now()
     parked = session.get(SESSION_KEY) or {}
-    if parked.get("tenant_id") == tenant.pk:
-        key = ApiKey.objects.filter(pk=parked.get("key_id"), tenant=tenant, created_by=user,
+    key_id: int | None = parked.get("key_id")
+    if parked.get("tenant_id") == tenant.pk and key_id is not None:
+        key = ApiKey.objects.filter(pk=key_id, tenant=tenant, created_by=user,
                                     name=key_name(user)).usable(now + REUSE_MARGIN).first()
         if key is not None:
             return PlaygroundKey(key, parked["plaintext"], reused=True)

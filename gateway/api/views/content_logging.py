@@ -17,7 +17,8 @@ from tenants.content_logging import switch
 from tenants.models import ContentLoggingChange
 
 
-class ContentLoggingViewSet(TenantScoped):
+# Any: no model behind it; its serializer shapes the tenant's switch and its history.
+class ContentLoggingViewSet(TenantScoped[Any]):
     """The content-logging opt-in (owners) and who switched it when."""
 
     capability = "content_logging"

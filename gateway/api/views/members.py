@@ -23,7 +23,8 @@ from tenants.models import Invitation, Membership, Quota
 
 
 class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                        mixins.UpdateModelMixin, mixins.DestroyModelMixin, TenantScoped):
+                        mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                        TenantScoped[Membership]):
     """Members of the tenant (owners). People join by invitation (``invitations/``). The last
     owner cannot be removed or demoted."""
 
@@ -47,7 +48,8 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
 
 
 class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                        mixins.CreateModelMixin, mixins.DestroyModelMixin, TenantScoped):
+                        mixins.CreateModelMixin, mixins.DestroyModelMixin,
+                        TenantScoped[Invitation]):
     """Pending invitations (owners). POST emails a single-use link; DELETE revokes."""
 
     capability = "members"
@@ -73,7 +75,7 @@ class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         invitations.revoke(instance)
 
 
-class QuotaViewSet(viewsets.ModelViewSet, TenantScoped):
+class QuotaViewSet(viewsets.ModelViewSet[Quota], TenantScoped[Quota]):
     """The tenant's quota rows (read by members; written by platform admins) and, at
     .../effective/, the limits that apply per model after defaults and overrides."""
 

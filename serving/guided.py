@@ -23,8 +23,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from workers.engine.schema_limits import SchemaError as SchemaError
-from workers.engine.schema_limits import check_bounds
+from serving.schema_limits import SchemaError as SchemaError
+from serving.schema_limits import check_bounds
 
 MAX_DEPTH = 12  # nesting beyond this (recursive $refs) ends in the shortest valid value
 OPTIONAL_PROPERTY_CHANCE = 0.5

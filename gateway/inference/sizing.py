@@ -16,8 +16,8 @@ from gateway.inference import tokenize_pool
 from gateway.inference.errors import ApiError, context_length_exceeded, invalid_request
 from gateway.inference.pools import ModelInfo
 from gateway.inference.requests import InferenceRequest
+from serving.prompt_encoding import PromptRefused, encode_prompt, max_token_chars
 from tenants.limits import Limits
-from workers.prompt_encoding import PromptRefused, encode_prompt, max_token_chars
 
 # Above this many characters, tokenizing moves to a process pool (``tokenize_pool``) so one big
 # prompt does not stall every other stream this process is relaying.

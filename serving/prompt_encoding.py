@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from workers.tokenization import ChatTemplateError, load_tokenizer
+from serving.tokenization import ChatTemplateError, load_tokenizer
 
 
 class PromptRefused(Exception):
