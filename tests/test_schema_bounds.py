@@ -202,7 +202,7 @@ def test_a_malformed_logit_bias_key_is_a_400(key: str) -> None:
 def test_resuming_a_plain_stream_with_a_framed_body_is_a_400(fields: dict[str, Any]) -> None:
     from gateway.inference.choices import Assembler, framed
     from gateway.inference.toolparsers import PARSERS
-    from workers.tokenization import load_tokenizer
+    from serving.tokenization import load_tokenizer
 
     request = chat(**fields)
     asm = Assembler(request, PARSERS["hermes"], load_tokenizer(None), framed(request))
