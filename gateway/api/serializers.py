@@ -85,7 +85,9 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         fields = super().get_fields()
         tenant = self.context.get("tenant")
         if tenant is not None:
-            fields["allowed_models"].child_relation.queryset = models_for(tenant)
+            many = fields["allowed_models"]
+            assert isinstance(many, serializers.ManyRelatedField)
+            many.child_relation.queryset = models_for(tenant)
         return fields
 
     def validate_allowed_models(self, value: list[ServedModel]) -> list[ServedModel]:
