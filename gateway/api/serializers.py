@@ -87,7 +87,9 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         if tenant is not None:
             many = fields["allowed_models"]
             assert isinstance(many, serializers.ManyRelatedField)
-            many.child_relation.queryset = models_for(tenant)
+            # DRF's stubs type ``queryset`` as a manager descriptor; it is a plain attribute.
+            relation: Any = many.child_relation
+            relation.queryset = models_for(tenant)
         return fields
 
     def validate_allowed_models(self, value: list[ServedModel]) -> list[ServedModel]:
