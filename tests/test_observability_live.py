@@ -90,9 +90,13 @@ def test_overhead_header_and_histogram(live):
 def test_request_log_shows_every_429_the_client_received(live, redis_client):
     from metering import writer
     from metering.models import RequestLogEntry
+    from tenants.models import Project
 
     tenant = make_tenant(input_tpm=1, input_burst=50)  # a few requests, then 429s
+    project = Project.objects.create(tenant=tenant, name="App", slug="app")
     api_key, plain = make_key(tenant)
+    api_key.project = project
+    api_key.save(update_fields=["project"])
     oai = client(live["url"], plain)
     received: dict[str, str] = {}  # request id -> what the client saw
     for i in range(12):
@@ -116,6 +120,7 @@ def test_request_log_shows_every_429_the_client_received(live, redis_client):
         entry = entries[rid]
         assert entry.api_key_id == api_key.pk and entry.model_name == MODEL
         assert entry.end_user in ("end-user-0", "end-user-1")
+        assert entry.project_id == project.pk  # admitted (request hash) and refused alike
         if code == "ok":
             assert (entry.status, entry.http_status) == ("ok", 200)
             assert entry.completion_tokens == 2 and entry.ttft_ms is not None

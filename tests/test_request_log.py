@@ -179,3 +179,25 @@ def test_portal_page_filters_and_shows_a_member_only_their_keys(world, client):
     client.force_login(world.users["member"])
     mine = client.get("/portal/requests/").content.decode()
     assert 'data-request="r-member-429"' in mine and 'data-request="r-owner-ok"' not in mine
+
+
+def test_portal_names_and_filters_projects(world, client):
+    from django.utils import timezone
+
+    from tenants.models import Project
+
+    project = Project.objects.create(tenant=world.tenant, name="Mobile app", slug="mobile")
+    at = timezone.now() - timedelta(minutes=1)
+    for rid, pid in (("r-in-project", project.pk), ("r-no-project", None)):
+        RequestLogEntry.objects.create(request_id=rid, at=at, tenant=world.tenant,
+                                       api_key=world.keys["owner"], project_id=pid,
+                                       model_name="sim-small", status="ok")
+    client.force_login(world.users["owner"])
+    page = client.get("/portal/requests/").content.decode()
+    assert "Mobile app" in page and 'data-request="r-no-project"' in page
+    only = client.get(f"/portal/requests/?project={project.pk}").content.decode()
+    assert 'data-request="r-in-project"' in only and 'data-request="r-no-project"' not in only
+    api = APIClient()
+    api.force_authenticate(world.users["owner"])
+    rows = api.get(f"/api/tenants/acme/requests/?project={project.pk}").json()["results"]
+    assert [r["request_id"] for r in rows] == ["r-in-project"]

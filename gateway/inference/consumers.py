@@ -247,7 +247,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
             pool=pool.name if pool is not None else None,
             tenant=principal.tenant_slug if principal else None,
             tenant__id=principal.tenant_id if principal else None,
-            project=getattr(self, "project_id", None),
+            project=principal.project_id if principal else None,
             key__prefix=principal.key_prefix if principal else None,
             gen_ai__usage__input_tokens=usage.prompt_tokens if usage else None,
             gen_ai__usage__output_tokens=usage.completion_tokens if usage else None,
@@ -268,7 +268,8 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
             request_id=self.request_id, tenant_id=principal.tenant_id, key_id=principal.key_id,
             model=getattr(self, "logged_model", ""), pool=pool.name if pool is not None else "",
             http_status=err.status, error_code=err.code or err.type,
-            end_user=getattr(self, "end_user", "") or None, stream=getattr(self, "stream", False),
+            end_user=getattr(self, "end_user", "") or None, project_id=principal.project_id,
+            stream=getattr(self, "stream", False),
             prompt_tokens=getattr(self, "prompt_tokens", 0),
             total_ms=(time.perf_counter() - self.began) * 1000)
         try:

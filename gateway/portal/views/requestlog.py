@@ -14,6 +14,7 @@ from gateway.portal.views.keys import visible_keys
 from gateway.portal.views.usage import own_key_ids
 from metering.billing.pricing import PriceBook
 from metering.models import RequestLogEntry
+from tenants.models import Project
 
 SHOWN = 200
 RANGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -39,9 +40,14 @@ def request_log_page(request: TenantRequest) -> HttpResponse:
             qs = qs.filter(**{field: params[param][:256]})
     if (params.get("key") or "").isdigit():
         qs = qs.filter(api_key_id=int(params["key"]))
+    if (params.get("project") or "").isdigit():
+        qs = qs.filter(project_id=int(params["project"]))
     counts = Counter(qs.values_list("status", flat=True)[:10_000])
     entries = list(qs.select_related("api_key").order_by("-at", "-id")[:SHOWN])
     prices = PriceBook({e.model_name for e in entries})
+    projects = dict(Project.objects.filter(tenant=request.tenant).values_list("pk", "name"))
+    for entry in entries:
+        entry.project_name = projects.get(entry.project_id or 0, "")  # type: ignore[attr-defined]
     for entry in entries:
         cost, currency = (prices.cost(entry.model_name, entry.at, entry.prompt_tokens,
                                       entry.cached_tokens, entry.completion_tokens)
@@ -51,6 +57,8 @@ def request_log_page(request: TenantRequest) -> HttpResponse:
         "entries": entries, "shown": SHOWN, "span": span, "ranges": list(RANGES),
         "statuses": STATUSES, "counts": [(s, counts.get(s, 0)) for s in STATUSES],
         "keys": visible_keys(request).order_by("name"),
-        "filters": {k: params.get(k, "") for k in ("status", "code", "model", "end_user", "key")},
+        "projects": sorted(projects.items(), key=lambda p: p[1]),
+        "filters": {k: params.get(k, "") for k in ("status", "code", "model", "end_user", "key",
+                                                   "project")},
         "scoped_to_own_keys": key_ids is not None,
     })
