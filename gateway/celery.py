@@ -69,6 +69,7 @@ PERIODIC_TASKS: tuple[tuple[str, float, str], ...] = (
     ("workers.janitor_sweep", janitor_every_s(), "janitor sweep"),
     ("metering.flush_usage", 2.0, "flush usage records"),
     ("metering.rollup_usage", 30.0, "roll up usage by hour"),
+    ("metering.purge_request_log", 3600.0, "purge the request log past its retention"),
     ("contentlog.drain", 2.0, "write content log"),
     ("contentlog.purge_expired", 300.0, "purge expired content"),
     ("billing.check_spend_alerts", 60.0, "spend alerts"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import redis
 import redis.asyncio as aioredis
 
-from infra.redis_conn import key, pool_tag, text
+from infra.redis_conn import key, pool_tag, tag, text
 
 
 def pools_key() -> str:
@@ -53,3 +53,16 @@ def dead_key() -> str:
 
 def dirty_hours_key() -> str:
     return key("usage", "dirty_hours")
+
+
+def refusals_pending_key() -> str:
+    """Refused requests (JSON, no content) the gateway pushed for the request log."""
+    return key("reqlog", tag("q", "reqlog"), "pending")
+
+
+def refusals_processing_key() -> str:
+    return key("reqlog", tag("q", "reqlog"), "processing")
+
+
+def refusals_lease_key() -> str:
+    return key("reqlog", tag("q", "reqlog"), "lease")

@@ -31,8 +31,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from infra import quietlog
 from infra.pool_workers import queue_live_workers, queue_load
 from infra.redis_conn import get_redis, key, pool_key, tenant_key
+from metering import fairness, overhead
 from metering.keys import pool_names
 from metering.models import UsageRecord
 from tenants.models import Tenant
@@ -119,6 +121,10 @@ class RedisCollector(Collector):
         for pk, n in streams.items():
             active.add_metric([tenants[pk]], n)
         yield active
+        yield _repeated_log_events(r)
+        yield overhead.histogram(r.hgetall(overhead.overhead_key()))
+        pools = pool_names(r)
+        yield from fairness.metrics(r, pools, slug)
         yield from _pool_metrics(r)
 
 
@@ -176,6 +182,15 @@ def _tenant_model_metrics(per_tm: Series,
             family.add_metric([slug(tenant, tenant), model], buckets,
                               float(fields.get(f"{metric}_sum_ms", 0)) / 1000)
         yield family
+
+
+def _repeated_log_events(r: Any) -> Metric:
+    """Warnings that fire per request are logged once a minute and counted here (quietlog)."""
+    family = CounterMetricFamily(f"{PREFIX}_repeated_log_events", "Occurrences of warnings "
+                                 "that are rate-limited in the log, by event.", labels=["event"])
+    for event, n in sorted(r.hgetall(quietlog.counts_key()).items()):
+        family.add_metric([event.decode()], float(n))
+    return family
 
 
 def _pool_metrics(r: Any) -> Iterator[Metric]:

@@ -18,7 +18,8 @@ from infra.redis_conn import text as text  # re-exported: the serving core's cal
 
 # Stored in req:{rid} at admission, handed to the worker and deleted at claim: the prompt ids
 # are content in transit, so they live in Redis only until a worker takes them.
-PAYLOAD_FIELDS = ("prompt_ids", "sampling", "salt", "priority", "adapter")
+# "trace": the W3C traceparent and enqueue time (infra.tracing.carrier), when tracing is on.
+PAYLOAD_FIELDS = ("prompt_ids", "sampling", "salt", "priority", "adapter", "trace")
 
 
 class FinishReason:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from axes.admin import AccessAttemptAdmin
+from axes.models import AccessAttempt
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -28,6 +30,7 @@ from django.utils.safestring import SafeString
 
 from infra import sealed_once
 from tenants import pool_settings
+from tenants.admin_onboarding import TenantOnboardingMixin
 from tenants.admin_planner import CapacityPlanAdminMixin
 from tenants.admin_worker_status import WorkerStatusAdminMixin
 from tenants.keys import assign_secret
@@ -39,6 +42,7 @@ from tenants.models import (
     ApiKeyQuerySet,
     Membership,
     Pool,
+    Project,
     Quota,
     ServedModel,
     Tenant,
@@ -121,12 +125,32 @@ class PoolAdmin(WorkerStatusAdminMixin, CapacityPlanAdminMixin, admin.ModelAdmin
         state = pool_state(obj.name)
         if state is None:
             return "unknown"
-        return (f"{len(state.live_workers)} workers · {state.running:,} running · "
+        alive = len(state.live_workers)
+        return (f"{alive} worker{'' if alive == 1 else 's'} · {state.running:,} running · "
                 f"{state.queued:,} queued")
 
     @admin.display(description="now")
     def live_status(self, obj: Pool) -> SafeString:
-        return pool_status_html(obj)
+        # pool_live.js re-reads the fragment every 5 s, so the page follows without a reload.
+        return format_html('<div id="pool-live-box" data-url="{}">{}</div>',
+                           reverse("admin:tenants_pool_live", args=[obj.pk]),
+                           pool_status_html(obj))
+
+    class Media:
+        js = ["tenants/pool_live.js"]
+
+    def get_urls(self) -> list[Any]:
+        live = path("<int:pk>/live/", self.admin_site.admin_view(self.live_view),
+                    name="tenants_pool_live")
+        return [live, *super().get_urls()]
+
+    def live_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        pool = get_object_or_404(Pool, pk=pk)
+        if not self.has_view_or_change_permission(request, pool):
+            raise PermissionDenied
+        response = HttpResponse(pool_status_html(pool))
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 def pool_status_html(pool: Pool) -> SafeString:
@@ -148,8 +172,9 @@ def pool_status_html(pool: Pool) -> SafeString:
         "<table><thead><tr><th>Worker</th><th>State</th><th>Last heartbeat</th><th>Running</th>"
         "<th>Waiting in engine</th><th>KV tokens</th></tr></thead><tbody>{}</tbody></table>",
         rows or format_html('<tr><td colspan="6">{}</td></tr>', "No worker has joined."))
-    return format_html("{}{}<p class=\"help\">{}</p>", summary, table,
-                       "Read from the workers' heartbeats when this page was loaded.")
+    return format_html("{}{}<p class=\"help\">{} {}.</p>", summary, table,
+                       "Read from the workers' heartbeats at",
+                       f"{timezone.now():%H:%M:%S} UTC, every 5 seconds")
 
 
 admin.site.site_header = "Inference gateway administration"
@@ -224,7 +249,9 @@ class ApiKeyInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-    fields = readonly_fields = ("name", "masked_key", "key_hash", "created_at", "last_used_at",
+    # No key_hash: 64 unbreakable characters made the tenant page wider than a 1366 px screen
+    # (the key's own page shows it).
+    fields = readonly_fields = ("name", "masked_key", "created_at", "last_used_at",
                                 "expires_at", "revoked_at")
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -236,13 +263,14 @@ class ApiKeyInline(admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantOnboardingMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "status", "tier", "region", "home_cell", "extra_cells",
                     "content_logging", "key_count", "created_at"]
     list_filter = ["status", "tier", "region", "home_cell", "content_logging"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
-    readonly_fields = ["created_at", "updated_at"]
+    # Content logging is switched by the tenant's owner only, with its audit row (review 3, N9).
+    readonly_fields = ["content_logging", "created_at", "updated_at"]
     list_select_related = ["tier"]
     inlines = [QuotaInline, ApiKeyInline]
     actions = ["suspend_selected", "activate_selected"]
@@ -285,11 +313,14 @@ class TenantAdmin(admin.ModelAdmin):
     def key_count(self, obj: Tenant) -> int:
         return obj._keys  # type: ignore[attr-defined]
 
-    @admin.action(description="Suspend selected tenants (403 on every key)")
+    # Every action names its permission: without one, Django offers it to anyone who may view
+    # the list (review 3, N4: staff with only view_tenant suspended tenants).
+    @admin.action(description="Suspend selected tenants (403 on every key)",
+                  permissions=["change"])
     def suspend_selected(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
         self._set_status(request, queryset, Tenant.Status.SUSPENDED)
 
-    @admin.action(description="Reactivate selected tenants")
+    @admin.action(description="Reactivate selected tenants", permissions=["change"])
     def activate_selected(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
         self._set_status(request, queryset, Tenant.Status.ACTIVE)
 
@@ -309,13 +340,16 @@ class KeyStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("active", "Active"), ("expired", "Expired"), ("revoked", "Revoked")]
+        return [("active", "Active"), ("over_budget", "Over budget"), ("expired", "Expired"),
+                ("revoked", "Revoked")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
         assert isinstance(queryset, ApiKeyQuerySet)  # ApiKey's manager makes these
         now = timezone.now()
         if self.value() == "active":
-            return queryset.usable(now)
+            return queryset.usable(now).filter(over_budget_at__isnull=True)
+        if self.value() == "over_budget":
+            return queryset.usable(now).filter(over_budget_at__isnull=False)
         if self.value() == "expired":
             return queryset.filter(revoked_at__isnull=True, expires_at__lte=now)
         if self.value() == "revoked":
@@ -359,7 +393,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_select_related = ["tenant"]
     autocomplete_fields = ["tenant"]
     filter_horizontal = ["allowed_models"]
-    actions = ["revoke_selected"]
+    actions = ["revoke_selected", "resume_selected"]
     show_full_result_count = False  # keys can be many; skip the extra COUNT(*)
     limit_fieldsets = ("Limits under the tenant's (empty = the tenant's)", {"fields": [
         ("input_tpm", "output_tpm"), ("concurrent_requests", "open_streams"),
@@ -388,9 +422,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="state")
     def state(self, obj: ApiKey) -> str:
-        if obj.revoked_at:
-            return "revoked"
-        return "active" if obj.is_usable() else "expired"
+        return obj.state()
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a key is revoked, never deleted: its usage and audit trail point at it
@@ -466,6 +498,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
         return None
 
+    @admin.action(description="Resume selected keys that are over budget",
+                  permissions=["change"])
+    def resume_selected(self, request: HttpRequest, queryset: ApiKeyQuerySet) -> None:
+        count = sum(key.resume() for key in queryset.filter(over_budget_at__isnull=False))
+        self.message_user(request, f"Resumed {count} key(s) that were over budget.",
+                          messages.SUCCESS)
+
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
@@ -476,6 +515,34 @@ class MembershipAdmin(admin.ModelAdmin):
     autocomplete_fields = ["user", "tenant"]
 
 
+
+
+# --- projects and budgets (docs/adr/0022) ------------------------------------------------------
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin[Project]):
+    list_display = ["name", "slug", "tenant", "created_at"]
+    list_filter = ["tenant"]
+    search_fields = ["name", "slug", "tenant__slug"]
+    autocomplete_fields = ["tenant"]
+    filter_horizontal = ["allowed_models"]
+
+
 # Identity providers and client-certificate bindings, and who may act in a tenant (grants,
 # invitations, management tokens), have their own admin modules.
-from tenants import admin_access, admin_signin  # noqa: E402, F401
+from tenants import admin_access, admin_routes, admin_signin  # noqa: E402, F401
+
+# --- sign-in lockouts (django-axes) ---------------------------------------------------------
+
+class GuardedAccessAttemptAdmin(AccessAttemptAdmin):  # type: ignore[misc]
+    """axes' admin, its one action requiring the delete permission (it deletes rows) instead
+    of being offered to whoever may view the lockouts."""
+
+    @admin.action(description="Clean up expired attempts", permissions=["delete"])
+    def cleanup_expired_attempts(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        super().cleanup_expired_attempts(request, queryset)
+
+
+if admin.site.is_registered(AccessAttempt):  # importing axes.admin registered it
+    admin.site.unregister(AccessAttempt)
+    admin.site.register(AccessAttempt, GuardedAccessAttemptAdmin)

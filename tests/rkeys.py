@@ -23,6 +23,7 @@ __all__ = [
     "pool_key",
     "pool_names",
     "req_key",
+    "served",
     "stream_key",
     "tenant_bucket",
     "tenant_key",
@@ -30,6 +31,15 @@ __all__ = [
     "worker_key",
     "workers_key",
 ]
+
+
+def served(r: Any, *pools: str, worker_id: str = "test-worker", for_s: float = 600) -> None:
+    """Register a worker heartbeat that stays fresh ``for_s`` seconds on each pool, so routing
+    counts the pool as served (``serving.availability``) in tests that run no worker."""
+    import time
+
+    for pool in pools:
+        r.zadd(workers_key(pool), {worker_id: time.time() + for_s})
 
 
 def tenant_bucket(tenant_id: object, kind: str) -> str:

@@ -67,6 +67,28 @@ def role_in(request: Request, tenant: Tenant) -> str | None:
     return role
 
 
+def acts_under_grant(request: Request, tenant: Tenant) -> bool:
+    """Is the caller in this tenant only by a ``StaffGrant`` (no membership of their own)?"""
+    uid = request.user.pk
+    if token_of(request) is not None or staff_user(request) is None or uid is None:
+        return False
+    return (not Membership.objects.filter(user_id=uid, tenant=tenant).exists()
+            and StaffGrant.objects.active().filter(user_id=uid, tenant=tenant).exists())
+
+
+def refuse_under_grant(request: Request, tenant: Tenant, what: str) -> None:
+    """A grant is time-limited support access: it must not mint access that outlives it.
+
+    So whoever acts only by a grant may not invite people, change or remove memberships, or
+    issue or rotate API keys (review 3, N5: a grant holder invited themselves as owner and kept
+    the tenant after the grant was revoked). Platform staff issue keys through the admin, with
+    the permission for it, on the record.
+    """
+    if acts_under_grant(request, tenant):
+        raise PermissionDenied(f"Staff acting under a time-limited grant cannot {what}: it "
+                               "would outlast the grant. Ask an owner of the tenant.")
+
+
 def tenant_ids(request: Request) -> list[int]:
     """The tenants the caller may act in: a token's own, or the user's memberships and grants."""
     token = token_of(request)

@@ -100,11 +100,11 @@ class BreakGlassGrantAdmin(ReadOnlyAdmin[BreakGlassGrant]):
         # The actions need "change" to be offered; fields stay read-only.
         return request.user.has_perm(breakglass.APPROVE_PERM)
 
-    @admin.action(description="Approve selected break-glass requests")
+    @admin.action(description="Approve selected break-glass requests", permissions=["change"])
     def approve_selected(self, request: HttpRequest, queryset: QuerySet[BreakGlassGrant]) -> None:
         self._decide(request, queryset, breakglass.approve)
 
-    @admin.action(description="Deny selected break-glass requests")
+    @admin.action(description="Deny selected break-glass requests", permissions=["change"])
     def deny_selected(self, request: HttpRequest, queryset: QuerySet[BreakGlassGrant]) -> None:
         self._decide(request, queryset, breakglass.deny)
 

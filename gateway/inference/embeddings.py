@@ -43,6 +43,7 @@ class EmbeddingRequest:
     encoding_format: str = "float"
     dimensions: int | None = None
     user: str | None = None
+    safety_identifier: str | None = None  # not an embeddings field
 
 
 def _type_error(param: str, expected: str) -> ApiError:

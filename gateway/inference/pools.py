@@ -22,7 +22,9 @@ from gateway.inference.errors import model_not_found, unavailable
 from gateway.orm import in_thread
 from infra.pool_workers import queue_live_workers, queue_load
 from infra.redis_conn import get_async_redis, pool_key
+from serving import availability
 from serving.adapters import AdapterCatalog, AdapterConfigError, AdapterNotFound
+from serving.availability import live_pools
 from tenants.models import Pool, ServedModel
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,7 @@ def forget_catalog() -> None:
     """Drop the cached pool table (tests, and after an admin change in this process)."""
     global _cache
     _cache = None
+    availability.forget()
     _windows.clear()
 
 
@@ -243,7 +246,26 @@ def _usable_by(cat: Catalog, model: str, tenant_id: int) -> bool:
 
 
 async def choose_pool(model: str, tenant_id: int, region: str,
-                      allowed: frozenset[str]) -> PoolInfo:
+                      allowed: frozenset[str], *, served_only: bool = True) -> PoolInfo:
+    """The pool for a request that names no route. ``served_only``: only pools a live worker
+    serves (a resumed stream, already in Redis, needs none)."""
+    pools = await candidate_pools(model, tenant_id, region, allowed)
+    pools = await served(pools) if served_only else pools
+    if not pools:
+        # Configured, but no worker runs it: refused now, before anything is charged, rather
+        # than queued until the first-token deadline.
+        raise unavailable(f"No worker is serving `{model}` right now; retry shortly.",
+                          retry_after=5, code="model_not_served")
+    if len(pools) == 1:
+        return pools[0]
+    loads = await pool_loads(pools)
+    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+
+
+async def candidate_pools(model: str, tenant_id: int, region: str,
+                          allowed: frozenset[str]) -> list[PoolInfo]:
+    """Every pool that may serve this tenant ``model`` (no route configured): dedicated ones
+    only when it has any. 404 for a model it cannot see, 503 when none is enabled here."""
     cat = await catalog()
     pools: list[PoolInfo]
     if model in cat.models:
@@ -262,16 +284,21 @@ async def choose_pool(model: str, tenant_id: int, region: str,
         # The model exists but nothing serves it for this tenant right now: retry later.
         raise unavailable(f"No pool serves `{model}` in your region right now.", retry_after=5,
                           code="no_pool")
-    if len(pools) == 1:
-        return pools[0]
-    loads = await pool_loads(pools)
-    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+    return pools
+
+
+async def served(pools: list[PoolInfo]) -> list[PoolInfo]:
+    """The pools among these that a live worker serves now (``serving.availability``)."""
+    live = await live_pools({p.name for p in pools})
+    return [p for p in pools if p.name in live]
 
 
 async def visible_models(tenant_id: int, region: str, allowed: frozenset[str]) -> list[ModelInfo]:
-    """Models this key may call and some pool serves for its tenant, for GET /v1/models."""
+    """Models this key may call and some live pool serves for its tenant, for GET /v1/models:
+    a model is listed only while a worker can serve it."""
     cat = await catalog()
-    pools = [p for p in eligible(cat, tenant_id, region) if not allowed or p.model.name in allowed]
+    pools = await served([p for p in eligible(cat, tenant_id, region)
+                          if not allowed or p.model.name in allowed])
     found = {p.model.name: p.model for p in pools}
     for pool in pools:  # the tenant's own adapters, and no one else's
         for name in pool.adapters.visible_names(tenant_id):

@@ -10,13 +10,15 @@ from django.conf import settings
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
 from django.core.validators import MaxValueValidator
+from django.db import transaction
 from django.utils import timezone
 
+from gateway.portal.playground import PLAYGROUND_PREFIX
 from metering.billing.models import SpendAlert
-from metering.billing.reports import GROUPS
+from metering.billing.reports import DEFAULT_GROUPS, GROUPS
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, ServedModel, Tenant
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Project, ServedModel, Tenant
 
 GRACE_CHOICES = [
     (0, "Immediately"), (3600, "1 hour"), (86400, "24 hours"), (7 * 86400, "7 days"),
@@ -34,6 +36,10 @@ class KeyForm(forms.Form):
         required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
         help_text="Empty = never expires (UTC).",
     )
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.none(), required=False,
+        help_text="Its project's allowed models and budgets apply to the key too.",
+    )
     input_tpm = forms.IntegerField(required=False, min_value=1, label="Input tokens / minute")
     output_tpm = forms.IntegerField(required=False, min_value=1, label="Output tokens / minute")
     concurrent_requests = forms.IntegerField(required=False, min_value=1)
@@ -46,6 +52,15 @@ class KeyForm(forms.Form):
         allowed = self.fields["allowed_models"]
         assert isinstance(allowed, forms.ModelMultipleChoiceField)
         allowed.queryset = models_for(tenant)
+        project = self.fields["project"]
+        assert isinstance(project, forms.ModelChoiceField)
+        project.queryset = Project.objects.filter(tenant=tenant)
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        if name.lower().startswith(PLAYGROUND_PREFIX):  # that name marks the playground's key
+            raise forms.ValidationError("Names starting with “playground ·” are reserved.")
+        return name
 
     def clean_expires_at(self) -> datetime | None:
         value = self.cleaned_data.get("expires_at")
@@ -62,6 +77,35 @@ class KeyForm(forms.Form):
 
     def caps(self) -> dict[str, int]:
         return {f: self.cleaned_data[f] for f in LIMIT_FIELDS if self.cleaned_data.get(f)}
+
+
+class KeyEditForm(KeyForm):
+    """Name, models and limits of an existing key. The expiry is not here: extending it would
+    revive a retiring (rotated) key; a new expiry is a new key."""
+
+    def __init__(self, *args: Any, key: ApiKey, **kwargs: Any) -> None:
+        initial = {"name": key.name, "allowed_models": list(key.allowed_models.all()),
+                   **{f: getattr(key, f) for f in LIMIT_FIELDS}}
+        super().__init__(*args, tenant=key.tenant, initial=initial, **kwargs)
+        del self.fields["expires_at"]
+        self.key = key
+
+    def clean_name(self) -> str:
+        if self.cleaned_data["name"] == self.key.name:  # the playground key keeps its own name
+            return self.key.name
+        return super().clean_name()
+
+    def save(self) -> ApiKey:
+        """One UPDATE of the row and one of its model set; either change drops every gateway's
+        cached copy of the key (``tenants.signals``), so the next request sees the new limits."""
+        data = self.cleaned_data
+        self.key.name = data["name"]
+        for field in LIMIT_FIELDS:
+            setattr(self.key, field, data.get(field) or None)
+        with transaction.atomic():
+            self.key.save(update_fields=["name", *LIMIT_FIELDS])
+            self.key.allowed_models.set(data["allowed_models"])
+        return self.key
 
 
 class RotateForm(forms.Form):
@@ -85,7 +129,7 @@ class ReportForm(forms.Form):
     start = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     end = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     group_by = forms.MultipleChoiceField(
-        choices=[(g, g) for g in GROUPS], initial=list(GROUPS), required=False,
+        choices=[(g, g) for g in GROUPS], initial=list(DEFAULT_GROUPS), required=False,
         widget=forms.CheckboxSelectMultiple,
     )
     format = forms.ChoiceField(choices=[("csv", "CSV"), ("xlsx", "Excel (XLSX)")])
@@ -95,6 +139,9 @@ class ReportForm(forms.Form):
         data = self.cleaned_data
         if data.get("start") and data.get("end") and data["end"] <= data["start"]:
             raise forms.ValidationError("The end must come after the start.")
+        if data.get("start") and data["start"] > timezone.now():  # no usage there yet
+            raise forms.ValidationError("The range starts in the future: there is no usage "
+                                        "to report yet.")
         return data
 
 

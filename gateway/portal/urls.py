@@ -1,14 +1,18 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
+from gateway.portal.lockout import UnlockingPasswordResetConfirmView
 from gateway.portal.views import (
+    budgets,
     content_logging,
     finance,
     home,
     invitations,
     keys,
     members,
+    overview,
     playground,
+    requestlog,
     tokens,
     usage,
 )
@@ -26,7 +30,7 @@ urlpatterns = [
         success_url=reverse_lazy("portal:password_reset_done")), name="password_reset"),
     path("password-reset/sent/", auth_views.PasswordResetDoneView.as_view(
         template_name="portal/password_reset_sent.html"), name="password_reset_done"),
-    path("password-reset/<uidb64>/<token>/", auth_views.PasswordResetConfirmView.as_view(
+    path("password-reset/<uidb64>/<token>/", UnlockingPasswordResetConfirmView.as_view(
         template_name="portal/password_reset_confirm.html",
         success_url=reverse_lazy("portal:password_reset_complete")),
         name="password_reset_confirm"),
@@ -35,13 +39,17 @@ urlpatterns = [
     path("", home.index, name="index"),
     path("no-tenant/", home.no_tenant, name="no_tenant"),
     path("switch/", home.switch, name="switch"),
+    path("start/", overview.overview_page, name="overview"),
     path("keys/", keys.key_list, name="keys"),
     path("keys/new/", keys.key_create, name="key_create"),
     path("keys/new/done/", keys.key_created, name="key_created"),
+    path("keys/<int:pk>/edit/", keys.key_edit, name="key_edit"),
     path("keys/<int:pk>/revoke/", keys.key_revoke, name="key_revoke"),
     path("keys/<int:pk>/rotate/", keys.key_rotate, name="key_rotate"),
+    path("keys/<int:pk>/resume/", keys.key_resume, name="key_resume"),
     path("usage/", usage.usage_page, name="usage"),
     path("quotas/", usage.quotas_page, name="quotas"),
+    path("requests/", requestlog.request_log_page, name="requests"),
     path("content-logging/", content_logging.content_logging_page, name="content_logging"),
     path("playground/", playground.playground_page, name="playground"),
     path("playground/key/", playground.playground_key_view, name="playground_key"),
@@ -51,11 +59,14 @@ urlpatterns = [
     path("exports/<int:pk>/status/", finance.export_status, name="export_status"),
     path("exports/<int:pk>/download/", finance.export_download, name="export_download"),
     path("alerts/", finance.alerts_page, name="alerts"),
+    path("budgets/", budgets.budgets_page, name="budgets"),
+    path("budgets/<int:pk>/delete/", budgets.budget_delete, name="budget_delete"),
     path("alerts/<int:pk>/delete/", finance.alert_delete, name="alert_delete"),
     path("alerts/<int:pk>/rotate-secret/", finance.alert_rotate_secret,
          name="alert_rotate_secret"),
     path("members/", members.members_page, name="members"),
     path("members/<int:pk>/", members.member_change, name="member_change"),
+    path("invitations/<int:pk>/resend/", members.invitation_resend, name="invitation_resend"),
     path("invitations/<int:pk>/revoke/", members.invitation_revoke, name="invitation_revoke"),
     path("tokens/", tokens.tokens_page, name="tokens"),
     path("tokens/created/", tokens.token_created, name="token_created"),

@@ -16,7 +16,7 @@ from celery import shared_task
 from celery.app.task import Task
 from django.conf import settings
 
-from metering.billing import alerts, exports
+from metering.billing import alerts, budget_alerts, exports
 from metering.billing.exports import run_export
 from metering.billing.models import AlertEvent
 
@@ -25,7 +25,8 @@ __all__ = ["check_spend_alerts", "purge_exports", "run_export"]
 
 @shared_task(name="billing.check_spend_alerts", ignore_result=True)
 def check_spend_alerts() -> int:
-    return len(alerts.check_all())
+    """Spend alerts, then budgets' soft thresholds (50/80/100 %)."""
+    return len(alerts.check_all()) + len(budget_alerts.check_all())
 
 
 @shared_task(name="billing.deliver_webhook", bind=True, ignore_result=True, max_retries=None,

@@ -41,7 +41,8 @@ from functools import lru_cache
 from heapq import heappop, heappush
 from pathlib import Path
 
-from serving.guided import sample_json
+from serving.guided import sample_json_bounded
+from serving.schema_limits import check_bounds
 from serving.tokenization import HFTokenizer, IncrementalDetokenizer, load_tokenizer
 from workers.engine.base import (
     Engine,
@@ -56,7 +57,7 @@ from workers.engine.base import (
 )
 from workers.engine.clock import Clock, RealClock
 from workers.engine.kv_cache import BlockManager, BlockTable, ModelGeometry
-from workers.engine.simtools import tool_call_text
+from workers.engine.simtools import schema_in_prompt, tool_call_text
 
 log = logging.getLogger(__name__)
 
@@ -487,13 +488,28 @@ class SimulatedEngine(Engine):
         """The token ids of a schema-valid document for this request (see the module doc)."""
         sp = req.sampling
         schema = json.loads(sp.json_schema) if sp.json_schema is not None else None
-        rng = random.Random(_seed_for(seed + 1, req.prompt_token_ids))
-        try:
-            text = sample_json(schema, rng, list(corpus_words()))
-        except (ValueError, RecursionError) as exc:
-            raise EngineError(f"cannot decode to this JSON schema: {exc}",
-                              retryable=False) from None
-        return deque(self._tok.encode(text))
+        if schema is None:  # json_object: the schema the prompt asks for, if it holds one
+            prompt = self._tok.decode(req.prompt_token_ids, skip_special_tokens=False)
+            schema = schema_in_prompt(prompt)
+        # The work is bounded by what will be emitted (max_tokens), not by the schema's
+        # minItems or minLength: start with a budget that usually covers max_tokens and
+        # double it only while a cut-short document is still shorter than that.
+        budget, most = sp.max_tokens * 8 + 256, sp.max_tokens * 64 + 4096
+        words = list(corpus_words())
+        while True:
+            rng = random.Random(_seed_for(seed + 1, req.prompt_token_ids))
+            try:
+                if schema is not None:
+                    check_bounds(schema)
+                text, cut = sample_json_bounded(schema, rng, words, budget)
+            except (ValueError, RecursionError, TypeError, KeyError, IndexError,
+                    AttributeError) as exc:
+                raise EngineError(f"cannot decode to this JSON schema: {exc}",
+                                  retryable=False) from None
+            ids = self._tok.encode(text)
+            if not cut or len(ids) > sp.max_tokens + 1 or budget >= most:
+                return deque(ids)
+            budget *= 2
 
     def _tool_call(self, req: EngineRequest, seed: int) -> deque[int] | None:
         """The token ids of the tool call this prompt calls for, or None to answer in text

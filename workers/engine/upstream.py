@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from infra.quietlog import Repeated
 from serving.adapters import AdapterCatalog, AdapterNotFound
 from serving.tokenization import HFTokenizer, load_tokenizer
 from workers.engine.base import (
@@ -60,6 +61,7 @@ from workers.engine.base import (
 from workers.engine.pumped import PumpedStream, PumpedStreams
 
 log = logging.getLogger(__name__)
+USAGE_DIFFERS = Repeated(log, "upstream_usage_differs")
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT,
            "eos": FinishReason.STOP}
@@ -278,8 +280,9 @@ class _Tally:
         cached = int(details.get("cached_tokens") or 0)
         if output != counted or prompt != self.prompt:
             # The upstream's count wins (it ran the model); a gap means tokenizers differ.
-            log.warning("upstream usage %s/%s differs from the gateway's %s/%s",
-                        prompt, output, self.prompt, counted)
+            # Per request when it happens at all: one line a minute, every one counted.
+            USAGE_DIFFERS.warning("upstream usage %s/%s differs from the gateway's %s/%s",
+                                  prompt, output, self.prompt, counted)
         return Usage(prompt, cached, output)
 
     def partial(self, tokenizer: HFTokenizer) -> Usage:

@@ -38,10 +38,12 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return Membership.objects.filter(tenant=self.tenant).select_related("user").order_by("id")
 
     def perform_update(self, serializer: Any) -> None:
+        access.refuse_under_grant(self.request, self.tenant, "change memberships")
         role = serializer.validated_data.get("role", serializer.instance.role)
         membership.change_role(serializer.instance, role)
 
     def perform_destroy(self, instance: Membership) -> None:
+        access.refuse_under_grant(self.request, self.tenant, "remove members")
         membership.remove(instance)
 
 
@@ -61,6 +63,7 @@ class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
 
     def perform_create(self, serializer: Any) -> None:
         request = self.request
+        access.refuse_under_grant(request, self.tenant, "invite members")
         data = serializer.validated_data
         serializer.instance = invitations.invite(
             self.tenant, data["email"], data.get("role", Membership.Role.MEMBER),
