@@ -85,7 +85,11 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
         fields = super().get_fields()
         tenant = self.context.get("tenant")
         if tenant is not None:
-            fields["allowed_models"].child_relation.queryset = models_for(tenant)
+            many = fields["allowed_models"]
+            assert isinstance(many, serializers.ManyRelatedField)
+            # DRF's stubs type ``queryset`` as a manager descriptor; it is a plain attribute.
+            relation: Any = many.child_relation
+            relation.queryset = models_for(tenant)
         return fields
 
     def validate_allowed_models(self, value: list[ServedModel]) -> list[ServedModel]:
