@@ -38,14 +38,14 @@ def live_since(now: float | None = None) -> float:
     return (time.time() if now is None else now) - settings.WORKER_DEAD_AFTER_SECONDS
 
 
-def queue_live_workers(pipe: Pipeline, pool: str) -> None:
+def queue_live_workers(pipe: Pipeline, pool: str, now: float | None = None) -> None:
     """Add to ``pipe``: the ids of the pool's live workers (a list of bytes)."""
-    pipe.zrangebyscore(workers_key(pool), live_since(), "+inf")
+    pipe.zrangebyscore(workers_key(pool), live_since(now), "+inf")
 
 
-def queue_live_count(pipe: Pipeline, pool: str) -> None:
+def queue_live_count(pipe: Pipeline, pool: str, now: float | None = None) -> None:
     """Add to ``pipe``: how many of the pool's workers are live (an int)."""
-    pipe.zcount(workers_key(pool), live_since(), "+inf")
+    pipe.zcount(workers_key(pool), live_since(now), "+inf")
 
 
 def queue_load(pipe: Pipeline, pool: str, worker_id: bytes | str, *fields: str) -> None:

@@ -19,7 +19,7 @@ from django.urls import path
 
 from infra.redis_conn import get_redis
 from metering import fairness
-from metering.keys import pools_key
+from metering.keys import pool_names
 from tenants.models import Tenant
 
 POLL_MS = 5000
@@ -34,7 +34,7 @@ def snapshot() -> dict[str, Any]:
     r = get_redis()
     slugs = {str(pk): slug for pk, slug in Tenant.objects.values_list("pk", "slug")}
     pools = []
-    for pool in sorted(text(p) for p in r.smembers(pools_key())):
+    for pool in pool_names(r):
         pf = fairness.figures(r, pool)
         tenants = [{
             "tenant": slugs.get(tid, tid), "weight": f.weight, "backlogged": f.backlogged,

@@ -27,6 +27,7 @@ from typing import Any
 
 from django.conf import settings
 
+from infra.pool_workers import queue_live_count, workers_key
 from infra.redis_conn import get_async_redis, pool_key
 from serving.lua import script
 
@@ -57,7 +58,7 @@ def _args(op: str, now: float | None) -> list[object]:
 
 
 def _keys(pool: str) -> list[str]:
-    return [breaker_key(pool), pool_key("workers", pool)]
+    return [breaker_key(pool), workers_key(pool)]
 
 
 def _verdict(pool: str, raw: Sequence[object]) -> Verdict:
@@ -108,8 +109,7 @@ def counts_against_pool(code: str, retryable: bool) -> bool:
 async def live_workers(pools: Iterable[str], now: float | None = None) -> dict[str, int]:
     """Live workers per pool (heartbeat within ``WORKER_DEAD_AFTER_SECONDS``); read only."""
     names = list(pools)
-    now = time.time() if now is None else now
     pipe = get_async_redis().pipeline(transaction=False)
     for name in names:
-        pipe.zcount(pool_key("workers", name), now - settings.WORKER_DEAD_AFTER_SECONDS, "+inf")
+        queue_live_count(pipe, name, now)
     return dict(zip(names, [int(n) for n in await pipe.execute()], strict=True))

@@ -36,6 +36,7 @@ from django.db import DatabaseError, InterfaceError
 from gateway.inference.errors import ApiError, model_not_found, unavailable
 from gateway.inference.pools import PoolInfo, candidate_pools, catalog
 from gateway.orm import in_thread
+from infra.pool_workers import queue_live_workers, queue_load
 from infra.redis_conn import get_async_redis, pool_key
 from serving import health
 from tenants.auth import Principal
@@ -155,10 +156,9 @@ async def expected_waits(targets: Sequence[Target], tenant_id: int) -> list[floa
 
 def _queue_reads(pipe: Any, targets: Sequence[Target], tenant_id: int) -> None:
     """The first round of ``expected_waits``: 4 replies per target."""
-    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
     for t in targets:
         name = t.pool.name
-        pipe.zrangebyscore(pool_key("workers", name), cutoff, "+inf")
+        queue_live_workers(pipe, name)
         pipe.hlen(pool_key("wfq", name, "items"))
         pipe.zcard(pool_key("wfq", name, "q", str(tenant_id)))
         pipe.zcard(pool_key("wfq", name, "active"))
@@ -169,8 +169,7 @@ async def _waits(targets: Sequence[Target], first: Sequence[Any]) -> list[float]
     pipe = get_async_redis().pipeline(transaction=False)
     for i, t in enumerate(targets):
         for wid in first[4 * i]:
-            pipe.hmget(pool_key("worker", t.pool.name, wid.decode(), "load"), "in_flight",
-                       "max_running", "waiting")
+            queue_load(pipe, t.pool.name, wid, "in_flight", "max_running", "waiting")
     loads = iter(await pipe.execute())
     out = []
     for i in range(len(targets)):
