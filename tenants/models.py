@@ -185,6 +185,11 @@ class Tenant(models.Model):
         default=7, editable=False, validators=[MinValueValidator(1), MaxValueValidator(30)],
         help_text="Days a logged prompt/response is kept before the purge deletes it (1-30).",
     )
+    end_user_header = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="A request header naming the end user for end-user budgets (e.g. "
+                  "x-end-user). Blank: the body's safety_identifier or user field.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -338,6 +343,11 @@ class ApiKey(models.Model):
     response_cache = models.BooleanField(
         default=False, help_text="Opt-in for this key's requests (the tenant's switch turns it "
                                  "on for every key).")
+    project = models.ForeignKey("tenants.Project", null=True, blank=True,
+                                on_delete=models.SET_NULL, related_name="api_keys")
+    # A spend alert's hard cap stops the key here (429 insufficient_quota), never by rewriting
+    # its expiry: it still authenticates, reads "over budget", and an owner can resume it.
+    over_budget_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = ApiKeyQuerySet.as_manager()
 
@@ -363,6 +373,22 @@ class ApiKey(models.Model):
         if self.revoked_at is not None:
             return False
         return self.expires_at is None or self.expires_at > now
+
+    def state(self, now: datetime | None = None) -> str:
+        """What the portal, admin and API call it: revoked, expired, over budget or active."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if not self.is_usable(now):
+            return "expired"
+        return "over budget" if self.over_budget_at is not None else "active"
+
+    def resume(self) -> bool:
+        """Lift a spend alert's hard cap (the owner raised it or accepts the spend)."""
+        if self.over_budget_at is None:
+            return False
+        self.over_budget_at = None
+        self.save(update_fields=["over_budget_at"])  # the save signal renews every principal
+        return True
 
 
 class Membership(models.Model):
@@ -719,3 +745,8 @@ def check_model_names(value: object, field: str, *, exclude: str = "") -> None:
     if len(value) > MAX_FALLBACKS or len(set(value)) != len(value) or exclude in value:
         raise ValidationError({field: f"At most {MAX_FALLBACKS} distinct model names, not the "
                                       "model itself."})
+
+
+from tenants.budget_models import Budget, Project  # noqa: E402  (models of this app)
+
+__all__ += ["Budget", "Project"]

@@ -22,6 +22,9 @@ CAN: dict[str, frozenset[str]] = {
     "playground": frozenset({OWNER, MEMBER}),
     "fallbacks": frozenset({OWNER, MEMBER}),  # the tenant's own fallback order per model
     "manage_fallbacks": frozenset({OWNER}),
+    "projects": frozenset({OWNER, MEMBER, BILLING}),  # read; owners change them
+    "budgets": frozenset({OWNER, BILLING}),  # read with spend; owners change them
+    "manage_budgets": frozenset({OWNER}),  # budgets, projects, resuming a key over budget
 }
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,19 +22,19 @@ import openai
 import pytest
 
 from infra.redis_conn import key
+from serving.tokenization import load_tokenizer
 from tenants.models import Pool
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.prom import value
-from workers.tokenization import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 POOL = "live-pool"
-# A pool whose only "worker" is a heartbeat no process sends again (``idle_worker``): its
-# breaker lets requests in, nothing dispatches them, so they wait until their TTFT deadline.
-# (A pool with no live worker at all is refused at once: tests/test_routes_live.py.)
+# A pool whose only worker is wedged (heartbeats, never dispatches): requests wait until their
+# TTFT deadline.
 IDLE_POOL = "idle-pool"
+IDLE_WORKER = "idle-wedged"
 MODEL = "sim-live"
 IDLE_MODEL = "sim-idle"
 MAX_BYTES = 65_536
@@ -58,15 +59,18 @@ def ensure_pools() -> None:
 
 
 @pytest.fixture(scope="module")
-def system(live_system) -> dict[str, Any]:
-    return live_system(pool=POOL, worker_ids=["live-w1"], env=SERVER_ENV, prepare=ensure_pools)
+def system(live_system) -> Iterator[dict[str, Any]]:
+    with procs.wedged_worker(IDLE_POOL, IDLE_WORKER):
+        yield live_system(pool=POOL, worker_ids=["live-w1"], env=SERVER_ENV,
+                          prepare=ensure_pools)
 
 
 @pytest.fixture
 def live(system, redis_client) -> dict[str, Any]:
     ensure_pools()
-    # The flush removed the worker's registration; wait for its next heartbeat.
+    # The flush removed the workers' registrations; wait for their next heartbeats.
     procs.wait_for_worker(redis_client, POOL, "live-w1", system["worker"], timeout=10)
+    procs.wait_for_worker(redis_client, IDLE_POOL, IDLE_WORKER, timeout=10)
     return system
 
 
@@ -247,6 +251,58 @@ def test_models_lists_only_what_the_key_may_use(live) -> None:
         client(live["url"], narrow).models.retrieve(IDLE_MODEL)
 
 
+def test_a_model_is_listed_and_served_only_while_a_live_worker_serves_it(live, redis_client
+                                                                         ) -> None:
+    """The catalog follows the workers: a configured pool without a live worker is not in
+    /v1/models, and a request for its model is refused at once (a retryable 503 naming it,
+    nothing charged) instead of waiting for the first-token deadline."""
+    Pool.objects.get_or_create(name="late-pool", defaults={"model": make_model("sim-late")})
+    api_key, plain = tenant_key(ttft_deadline_s=20)
+    c = client(live["url"], plain)
+
+    def listed() -> bool:
+        return "sim-late" in {m.id for m in c.models.list()}
+
+    def refused_at_once() -> None:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as err:
+            c.chat.completions.create(model="sim-late", messages=HELLO, max_tokens=3)
+        assert time.monotonic() - started < 3  # not the 20 s first-token deadline
+        assert (err.value.status_code, err.value.code) == (503, "model_not_served")
+        assert "`sim-late`" in err.value.message and err.value.response.headers["retry-after"]
+        # Refused before admission: no request state, no counter, nothing charged.
+        rid = err.value.response.headers["x-request-id"]
+        assert not redis_client.exists(rkeys.req_key("late-pool", rid))
+        assert counters(redis_client, api_key)["conc_t"] == 0
+
+    def configured() -> bool:  # each gateway reads the pool table at most every 2 s
+        try:
+            c.chat.completions.create(model="sim-late", messages=HELLO, max_tokens=1)
+        except openai.NotFoundError:
+            return False
+        except openai.APIStatusError:
+            return True
+        raise AssertionError("served with no worker")
+
+    procs.wait_until(configured, 10, "the gateway to read the new pool")
+    assert not listed()
+    refused_at_once()
+    assert bucket_level(redis_client, "tenant", api_key.tenant_id, "in") is None
+    worker = procs.start_worker("late-pool", worker_id="late-w1", env=SERVER_ENV)
+    try:
+        procs.wait_for_worker(redis_client, "late-pool", "late-w1", worker)
+        procs.wait_until(listed, 10, "the served model to be listed")
+        reply = c.chat.completions.create(model="sim-late", messages=HELLO, max_tokens=3)
+        assert reply.choices[0].message.content
+    finally:
+        worker.stop()
+    # Stopped: unlisted once its heartbeat ages out (WORKER_DEAD_AFTER_SECONDS = 2).
+    procs.wait_until(lambda: not listed(), 10, "the unserved model to leave the list")
+    refused_at_once()
+    assert [r["status"] for r in usage_records(redis_client) if r["model"] == "sim-late"] == [
+        "ok"]
+
+
 # -- limits ----------------------------------------------------------------------------------
 
 
@@ -359,13 +415,7 @@ def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -
     procs.wait_until(engine_idle, 5, "the engine to free the sequence's KV blocks")
 
 
-def idle_worker(r: Any) -> None:
-    """See IDLE_POOL: a heartbeat an hour ahead, so the pool looks served all test long."""
-    r.zadd(rkeys.workers_key(IDLE_POOL), {"idle-nobody": time.time() + 3600})
-
-
 def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
-    idle_worker(redis_client)
     api_key, plain = tenant_key(ttft_deadline_s=20)
     body = {"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 5, "stream": False}
     with contextlib.suppress(httpx.ReadTimeout):  # the client gives up while it is queued
@@ -379,7 +429,6 @@ def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
 
 
 def test_idle_stream_gets_keepalives_then_an_error_the_client_raises(live, redis_client) -> None:
-    idle_worker(redis_client)
     _, plain = tenant_key(ttft_deadline_s=1.5, total_deadline_s=10)
     with httpx.stream("POST", live["url"] + "/v1/chat/completions", timeout=10,
                       headers={"Authorization": f"Bearer {plain}"},
@@ -397,7 +446,6 @@ def test_idle_stream_gets_keepalives_then_an_error_the_client_raises(live, redis
 
 
 def test_failure_before_any_token_is_a_free_503(live, redis_client) -> None:
-    idle_worker(redis_client)
     api_key, plain = tenant_key(ttft_deadline_s=0.5, total_deadline_s=10)
     r = httpx.post(live["url"] + "/v1/chat/completions", timeout=10,
                    headers={"Authorization": f"Bearer {plain}"},
@@ -453,7 +501,6 @@ def test_idempotency_key_replays_conflicts_and_rejects_a_new_body(live, redis_cl
 
 
 def test_idempotency_key_in_flight_is_409(live, redis_client) -> None:
-    idle_worker(redis_client)
     api_key, plain = tenant_key(ttft_deadline_s=1.5)
     claim = key("idem", api_key.tenant_id, hashlib.sha256(b"slow").hexdigest())
     headers = {"Authorization": f"Bearer {plain}", "Idempotency-Key": "slow"}
@@ -490,7 +537,8 @@ BAD = [
     ("POST", "/v1/chat/completions",
      json.dumps({"model": MODEL, "messages": HELLO, "n": 99}).encode(), 400),
     ("POST", "/v1/chat/completions",
-     json.dumps({"model": MODEL, "messages": HELLO, "tools": []}).encode(), 400),
+     json.dumps({"model": MODEL, "messages": HELLO, "tools": [],
+                 "tool_choice": "required"}).encode(), 400),
     ("POST", "/v1/chat/completions",
      json.dumps({"model": MODEL, "messages": HELLO, "bogus": 1}).encode(), 400),
     ("POST", "/v1/chat/completions",

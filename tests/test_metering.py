@@ -14,6 +14,7 @@ from infra import leased_queue
 from infra.redis_conn import tenant_key
 from metering import rollups, writer
 from metering.admin import CappedCountPaginator
+from metering.keys import pools_key
 from metering.models import UsageRecord, UsageRollup
 from metering.tasks import flush_usage, rollup_usage
 from tests.prom import samples, value
@@ -42,7 +43,7 @@ POOL = "p"  # settlement pushes onto the request's pool's queue; the writer walk
 
 
 def push(redis_client, *records: dict) -> None:
-    redis_client.sadd(writer.pools_key(), POOL)
+    redis_client.sadd(pools_key(), POOL)
     redis_client.rpush(writer.pending_key(POOL), *(json.dumps(r) for r in records))
 
 

@@ -393,10 +393,7 @@ def test_a_stopping_gateway_ends_open_streams_with_a_retryable_error(redis_clien
         waiting: list[faults.Outcome] = []
 
         def stop() -> None:
-            # One more, for a pool no worker serves: queued, nothing sent yet. Its heartbeat
-            # is faked (an hour ahead) so it takes the request: a pool with no live worker
-            # at all is refused at once (tests/test_routes_live.py).
-            redis_client.zadd(rkeys.workers_key(BAD), {"sv-nobody": time.time() + 3600})
+            # One more, for a pool whose only worker is wedged: queued, nothing sent yet.
             queued = threading.Thread(target=lambda: waiting.append(
                 stream_once(url, plain, {**LONG, "model": BAD_MODEL})))
             queued.start()
@@ -406,7 +403,9 @@ def test_a_stopping_gateway_ends_open_streams_with_a_retryable_error(redis_clien
             stopped.append(time.monotonic())
             queued.join(10)
 
-        outcomes = open_streams(url, plain, 4, LONG, stop)
+        with procs.wedged_worker(BAD, "sv-bad-wedged"):
+            procs.wait_for_worker(redis_client, BAD, "sv-bad-wedged", timeout=10)
+            outcomes = open_streams(url, plain, 4, LONG, stop)
         # Without this, uvicorn would wait for 2000-token streams (100 s) to finish.
         assert [o.error for o in outcomes] == ["server_shutdown"] * 4, outcomes
         assert max(o.ended - stopped[0] for o in outcomes) < 3.0

@@ -61,7 +61,7 @@ class Backoff:
     cap_s: float = 30.0
 
     def delay(self, streak: int) -> float:
-        return min(self.cap_s, self.base_s * 2 ** max(0, streak - 1))
+        return min(self.cap_s, self.base_s * 2.0 ** max(0, streak - 1))
 
 
 @dataclass

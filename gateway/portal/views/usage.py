@@ -95,7 +95,7 @@ def _range_totals(data: usage.Series) -> dict[str, object]:
 
 def _alert_progress(alerts: Iterable[SpendAlert],
                     mtd: usage.MonthToDate) -> list[dict[str, object]]:
-    rows = []
+    rows: list[dict[str, object]] = []
     for alert in alerts:
         if alert.api_key_id:
             continue  # the month-to-date figures are tenant-wide

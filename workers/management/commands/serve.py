@@ -38,7 +38,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
 from infra import embedded_redis
-from infra.redis_conn import get_redis, pool_key, redis_url
+from infra.pool_workers import workers_key
+from infra.redis_conn import get_redis, redis_url
+from infra.uvicorn_command import uvicorn_argv
 from tenants import serve_status
 from tenants.demo import try_it
 from tenants.models import Pool
@@ -171,14 +173,10 @@ class Command(BaseCommand):
         grace = math.ceil(settings.GATEWAY_SHUTDOWN_SECONDS)
         specs = [ChildSpec(
             "gateway",
-            [py, "-m", "uvicorn", "gateway.asgi:application", "--host", host, "--port", str(port),
-             # Deadline on request headers (slow-loris), and open streams ended at shutdown:
-             # gateway/httpproto.py.
-             "--http", "gateway.httpproto:BoundedHttpToolsProtocol",
-             # scope["client"] stays the TCP peer; infra.clientaddr reads forwarded headers.
-             "--no-proxy-headers",
-             "--timeout-graceful-shutdown", str(grace),
-             *performance_options(options["gateway_processes"])],
+            # The fixed options (--no-proxy-headers, the bounded protocol): infra.uvicorn_command.
+            uvicorn_argv(py, ["--host", host, "--port", str(port),
+                              "--timeout-graceful-shutdown", str(grace),
+                              *performance_options(options["gateway_processes"])]),
             env=env, stop_timeout_s=grace + 5.0, ready=lambda _pid: _listening(host, port))]
         specs += [worker_spec(env, pool) for pool in pools]
         # Spend-alert webhooks on their own queue and threads: a slow receiver waits there, never
@@ -322,7 +320,7 @@ def _registered(pool: str) -> Callable[[int], bool]:
     """This process's engine host is in the pool's heartbeat set (ids embed the pid)."""
     def check(pid: int) -> bool:
         marker = f"-{pid}-"
-        members: list[bytes] = get_redis().zrange(pool_key("workers", pool), 0, -1)  # type: ignore[assignment]
+        members: list[bytes] = get_redis().zrange(workers_key(pool), 0, -1)  # type: ignore[assignment]
         return any(marker in m.decode() for m in members)
 
     return check

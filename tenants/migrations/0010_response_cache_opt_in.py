@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenants', '0008_routes_and_fallbacks'),
+        ('tenants', '0009_routes_and_fallbacks'),
     ]
 
     operations = [

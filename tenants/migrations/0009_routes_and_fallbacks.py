@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenants', '0007_cells'),
+        ('tenants', '0008_projects_budgets_end_users'),
     ]
 
     operations = [
