@@ -1,7 +1,7 @@
 """Budget race: many concurrent streams through several gateways race the last cents of a key
 budget and of a tenant budget; some clients hang up mid-stream. Prints each budget, the spend
 its counter holds, the exact spend of the usage records (delivered tokens x price), and the
-count of 200s and of 429 insufficient_quota. Overspend must be zero (docs/adr/0021).
+count of 200s and of 429 insufficient_quota. Overspend must be zero (docs/adr/0022).
 
     python bench/budget_race.py [--requests 400] [--gateways 2] [--key-budget 0.25]
                                 [--tenant-budget 0.40] [--hang-up 0.3]

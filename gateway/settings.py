@@ -94,6 +94,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "gateway.portal.errors.FriendlyNotFoundMiddleware",  # no technical 404 page under DEBUG
 ]
 
 ROOT_URLCONF = "gateway.urls"
@@ -208,6 +209,8 @@ EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.Emai
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gateway@localhost")
+# Where people reach the portal, for links in emails sent outside a request (spend alerts).
+PUBLIC_BASE_URL = env_str("PUBLIC_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
 # Finance exports: files land here; ranges with more rollup rows than this run as a Celery task.
 MEDIA_ROOT = VAR_DIR / "media"
 EXPORT_INLINE_MAX_ROWS = env_int("EXPORT_INLINE_MAX_ROWS", 5000, minimum=1)
@@ -431,7 +434,7 @@ AXES_COOLOFF_TIME = env_float("SIGNIN_COOLOFF_MINUTES", 15.0, minimum=0.1) / 60 
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_IPWARE_META_PRECEDENCE_ORDER = ("REMOTE_ADDR",)
-AXES_LOCKOUT_TEMPLATE = "portal/locked_out.html"
+AXES_LOCKOUT_CALLABLE = "gateway.portal.lockout.lockout_response"  # says how long to wait
 AXES_VERBOSE = False
 
 # --- Production secrets (refuse development values; see REQUIRE_SECRETS above) ---------------

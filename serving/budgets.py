@@ -1,7 +1,7 @@
 """Budget reservations: what a request may cost at most, reserved at admission against every
 budget in its chain (tenant, project, key, end user), settled down to what it cost.
 
-The reservation rule (docs/adr/0021-budgets-reserve-then-settle.md): a request reserves
+The reservation rule (docs/adr/0022-budgets-reserve-then-settle.md): a request reserves
 ``prompt x input price + n x max_tokens x output price`` (money) or ``prompt + n x max_tokens``
 (tokens), at the price in effect when it is admitted, in the same ``admit.lua`` call that
 charges its token buckets; a budget that cannot hold the reservation refuses the request (429

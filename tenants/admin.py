@@ -30,6 +30,7 @@ from django.utils.safestring import SafeString
 
 from infra import sealed_once
 from tenants import pool_settings
+from tenants.admin_onboarding import TenantOnboardingMixin
 from tenants.admin_planner import CapacityPlanAdminMixin
 from tenants.admin_worker_status import WorkerStatusAdminMixin
 from tenants.keys import assign_secret
@@ -124,12 +125,32 @@ class PoolAdmin(WorkerStatusAdminMixin, CapacityPlanAdminMixin, admin.ModelAdmin
         state = pool_state(obj.name)
         if state is None:
             return "unknown"
-        return (f"{len(state.live_workers)} workers · {state.running:,} running · "
+        alive = len(state.live_workers)
+        return (f"{alive} worker{'' if alive == 1 else 's'} · {state.running:,} running · "
                 f"{state.queued:,} queued")
 
     @admin.display(description="now")
     def live_status(self, obj: Pool) -> SafeString:
-        return pool_status_html(obj)
+        # pool_live.js re-reads the fragment every 5 s, so the page follows without a reload.
+        return format_html('<div id="pool-live-box" data-url="{}">{}</div>',
+                           reverse("admin:tenants_pool_live", args=[obj.pk]),
+                           pool_status_html(obj))
+
+    class Media:
+        js = ["tenants/pool_live.js"]
+
+    def get_urls(self) -> list[Any]:
+        live = path("<int:pk>/live/", self.admin_site.admin_view(self.live_view),
+                    name="tenants_pool_live")
+        return [live, *super().get_urls()]
+
+    def live_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        pool = get_object_or_404(Pool, pk=pk)
+        if not self.has_view_or_change_permission(request, pool):
+            raise PermissionDenied
+        response = HttpResponse(pool_status_html(pool))
+        response["Cache-Control"] = "no-store"
+        return response
 
 
 def pool_status_html(pool: Pool) -> SafeString:
@@ -151,8 +172,9 @@ def pool_status_html(pool: Pool) -> SafeString:
         "<table><thead><tr><th>Worker</th><th>State</th><th>Last heartbeat</th><th>Running</th>"
         "<th>Waiting in engine</th><th>KV tokens</th></tr></thead><tbody>{}</tbody></table>",
         rows or format_html('<tr><td colspan="6">{}</td></tr>', "No worker has joined."))
-    return format_html("{}{}<p class=\"help\">{}</p>", summary, table,
-                       "Read from the workers' heartbeats when this page was loaded.")
+    return format_html("{}{}<p class=\"help\">{} {}.</p>", summary, table,
+                       "Read from the workers' heartbeats at",
+                       f"{timezone.now():%H:%M:%S} UTC, every 5 seconds")
 
 
 admin.site.site_header = "Inference gateway administration"
@@ -227,7 +249,9 @@ class ApiKeyInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-    fields = readonly_fields = ("name", "masked_key", "key_hash", "created_at", "last_used_at",
+    # No key_hash: 64 unbreakable characters made the tenant page wider than a 1366 px screen
+    # (the key's own page shows it).
+    fields = readonly_fields = ("name", "masked_key", "created_at", "last_used_at",
                                 "expires_at", "revoked_at")
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -239,7 +263,7 @@ class ApiKeyInline(admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantOnboardingMixin, admin.ModelAdmin):
     list_display = ["name", "slug", "status", "tier", "region", "home_cell", "extra_cells",
                     "content_logging", "key_count", "created_at"]
     list_filter = ["status", "tier", "region", "home_cell", "content_logging"]
@@ -493,7 +517,7 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 
-# --- projects and budgets (docs/adr/0021) ------------------------------------------------------
+# --- projects and budgets (docs/adr/0022) ------------------------------------------------------
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin[Project]):

@@ -1,5 +1,5 @@
 """Admin pages for routes (a public model name over several pools) and tenants' own fallback
-orders (docs/adr/0021-routes-and-fairness-across-pools.md)."""
+orders (docs/adr/0024-routes-and-fairness-across-pools.md)."""
 
 from __future__ import annotations
 

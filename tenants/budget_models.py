@@ -7,7 +7,7 @@ budget of level ``end_user`` with no ``end_user`` is the tenant's default for ev
 one naming an end user overrides that default for them.
 
 Budgets are enforced at admission, in the same Lua script as the token buckets
-(``serving.budgets``, ``serving/lua/admit.lua``; docs/adr/0021-budgets-reserve-then-settle.md):
+(``serving.budgets``, ``serving/lua/admit.lua``; docs/adr/0022-budgets-reserve-then-settle.md):
 this module only holds what the owners configured.
 """
 

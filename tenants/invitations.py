@@ -48,6 +48,9 @@ def invite(tenant: Tenant, email: str, role: str, invited_by: Any,
     if Invitation.objects.filter(tenant=tenant).pending().count() >= MAX_PENDING:
         raise ValidationError({"email": f"This tenant has {MAX_PENDING} pending invitations; "
                                         "revoke some first."})
+    if Invitation.objects.filter(tenant=tenant, email__iexact=email.strip()).pending().exists():
+        raise ValidationError({"email": "This address already has a pending invitation; "
+                                        "resend or revoke it instead."})
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():  # no invitation on record that its invitee never got
         invitation = Invitation.objects.create(

@@ -159,6 +159,8 @@ def rotate_key(
         locked = ApiKey.objects.select_for_update().get(pk=old.pk)
         if not locked.is_usable():
             raise KeyNotRotatable("Only a usable key can be rotated.")
+        if locked.rotated_at is not None:
+            raise KeyNotRotatable("This key was already rotated: rotate its successor.")
         new, plaintext = issue_key(
             locked.tenant, locked.name, allowed_models=list(locked.allowed_models.all()),
             expires_at=locked.expires_at, created_by=created_by,
@@ -166,6 +168,8 @@ def rotate_key(
         )
         until = timezone.now() + grace
         locked.expires_at = min(until, locked.expires_at) if locked.expires_at else until
-        locked.save(update_fields=["expires_at"])  # the save signal drops cached principals
-    old.expires_at = locked.expires_at
+        locked.rotated_at = timezone.now()
+        # the save signal drops cached principals
+        locked.save(update_fields=["expires_at", "rotated_at"])
+    old.expires_at, old.rotated_at = locked.expires_at, locked.rotated_at
     return new, plaintext

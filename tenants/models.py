@@ -340,14 +340,17 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
-    response_cache = models.BooleanField(
-        default=False, help_text="Opt-in for this key's requests (the tenant's switch turns it "
-                                 "on for every key).")
     project = models.ForeignKey("tenants.Project", null=True, blank=True,
                                 on_delete=models.SET_NULL, related_name="api_keys")
     # A spend alert's hard cap stops the key here (429 insufficient_quota), never by rewriting
     # its expiry: it still authenticates, reads "over budget", and an owner can resume it.
     over_budget_at = models.DateTimeField(null=True, blank=True, editable=False)
+    response_cache = models.BooleanField(
+        default=False, help_text="Opt-in for this key's requests (the tenant's switch turns it "
+                                 "on for every key).")
+    # Set when a successor was issued (``tenants.keys.rotate_key``): the key is retiring, works
+    # until ``expires_at`` and cannot be rotated again (the successor is the one to rotate).
+    rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = ApiKeyQuerySet.as_manager()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 OWNER, MEMBER, BILLING = "owner", "member", "billing"
 
 CAN: dict[str, frozenset[str]] = {
+    "overview": frozenset({OWNER, MEMBER, BILLING}),  # getting started: base URL, models, prices
     "keys": frozenset({OWNER, MEMBER}),  # a member sees and manages only the keys they made
     "all_keys": frozenset({OWNER}),
     "usage": frozenset({OWNER, MEMBER, BILLING}),
@@ -20,11 +21,11 @@ CAN: dict[str, frozenset[str]] = {
     "content_logging": frozenset({OWNER}),
     "tokens": frozenset({OWNER}),
     "playground": frozenset({OWNER, MEMBER}),
-    "fallbacks": frozenset({OWNER, MEMBER}),  # the tenant's own fallback order per model
-    "manage_fallbacks": frozenset({OWNER}),
     "projects": frozenset({OWNER, MEMBER, BILLING}),  # read; owners change them
     "budgets": frozenset({OWNER, BILLING}),  # read with spend; owners change them
     "manage_budgets": frozenset({OWNER}),  # budgets, projects, resuming a key over budget
+    "fallbacks": frozenset({OWNER, MEMBER}),  # the tenant's own fallback order per model
+    "manage_fallbacks": frozenset({OWNER}),
 }
 
 

@@ -142,12 +142,12 @@ def world(redis_client, tmp_path):
         tenant=world.tenant, start=this_hour(), end=this_hour(), status="done",
         file_path=str(done))
     world.token, _ = issue_token(world.tenant, "ci", "owner", created_by=world.users["owner"])
+    world.project = Project.objects.create(tenant=world.tenant, name="web", slug="web")
+    world.budget = Budget.objects.create(tenant=world.tenant, level="tenant", limit=10)
     world.fallback = TenantFallback.objects.create(tenant=world.tenant, model="sim-small",
                                                    fallbacks=["sim-large"])
     world.route = Route.objects.create(name="chat-default", fallbacks=["sim-small"])
     RouteTarget.objects.create(route=world.route, pool=Pool.objects.get(name="shared-small"))
-    world.project = Project.objects.create(tenant=world.tenant, name="web", slug="web")
-    world.budget = Budget.objects.create(tenant=world.tenant, level="tenant", limit=10)
     world.invitation = Invitation.objects.create(
         tenant=world.tenant, email="x@example.test", secret_hash="0" * 64,
         expires_at=timezone.now() + timedelta(days=1))
@@ -192,8 +192,8 @@ def _path(world, template: str) -> str:
         billing_membership=world.tenant.memberships.get(role="billing").id,
         quota=world.tenant.quotas.get(model=None).id, alert=world.alert.id,
         export=world.export.id, invitation=world.invitation.id, token=world.token.id,
-        fallback=world.fallback.id, route=world.route.id,
         project=world.project.id, budget=world.budget.id,
+        fallback=world.fallback.id, route=world.route.id,
     )
 
 

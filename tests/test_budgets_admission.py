@@ -227,7 +227,8 @@ def test_the_usage_record_names_the_end_user(redis_client):
     async def go():
         result = await submit(tenant_id=1, key_id=11, weight=1.0, model="m", pool="p",
                               prompt_token_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=2),
-                              limits=LIMITS, stream=False, request_id="eu-1", end_user="alice")
+                              limits=LIMITS, stream=False, request_id="eu-1",
+                              context={"end_user": "alice"})
         await result.cancel("client_disconnect")
         await get_async_redis().aclose()
     procs_arun(go())

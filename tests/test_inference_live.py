@@ -415,6 +415,8 @@ def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -
     procs.wait_until(engine_idle, 5, "the engine to free the sequence's KV blocks")
 
 
+
+
 def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
     api_key, plain = tenant_key(ttft_deadline_s=20)
     body = {"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 5, "stream": False}

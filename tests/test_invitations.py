@@ -59,6 +59,8 @@ def test_the_answer_is_the_same_whether_or_not_the_address_has_an_account(world)
         answers.append((response.status_code, response.redirect_chain,
                         re.search(r'<ul class="messages">.*?</ul>', page, re.S).group(0)))
     assert answers[0] == answers[1]
+    # One pending invitation per address: withdraw those before asking the API the same.
+    Invitation.objects.update(revoked_at=timezone.now())
     api = APIClient()
     api.force_login(world.users["owner"])
     bodies = []

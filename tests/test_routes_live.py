@@ -128,7 +128,7 @@ def running(pool: str) -> int:
 
 
 def test_backlogged_tenants_3_1_1_over_two_pools_get_their_weighted_shares(system):
-    """Fairness across pools (ADR 0021): three tenants with weights 3:1:1, each keeping 12
+    """Fairness across pools (ADR 0024): three tenants with weights 3:1:1, each keeping 12
     streams open, routed over two pools of 4 slots each. Every tenant is backlogged in both
     pools, so each pool's WFQ serves them 3:1:1 and so do the two together."""
     prepare(system["up_port"])

@@ -342,7 +342,7 @@ def test_killed_worker_ends_requests_with_retryable_error_and_another_serves_the
         record = wait_for_record("kill-0")
         assert record["status"] == "error" and record["error_code"] == "worker_lost"
         assert record["completion_tokens"] == tokens  # billed exactly what was delivered
-        # Its money budget holds exactly that too (docs/adr/0021): the reservation of 500
+        # Its money budget holds exactly that too (docs/adr/0022): the reservation of 500
         # tokens went back but for the delivered ones, to the micro-unit.
         label = window("month", datetime.now(UTC)).label
         assert int(redis_client.get(counter_key(8, KILL_BUDGET, label))) == \

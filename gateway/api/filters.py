@@ -55,10 +55,14 @@ def key_param(request: Request) -> int | None:
 
 def filter_usage(qs: QuerySet[_M], request: Request, time_field: str) -> QuerySet[_M]:
     params = request.query_params
-    if params.get("start"):
-        qs = qs.filter(**{f"{time_field}__gte": parse_time("start", params["start"])})
-    if params.get("end"):
-        qs = qs.filter(**{f"{time_field}__lt": parse_time("end", params["end"])})
+    start = parse_time("start", params["start"]) if params.get("start") else None
+    end = parse_time("end", params["end"]) if params.get("end") else None
+    if start is not None and end is not None and end <= start:  # [] would hide the mistake
+        raise ValidationError({"end": "end must come after start."})
+    if start is not None:
+        qs = qs.filter(**{f"{time_field}__gte": start})
+    if end is not None:
+        qs = qs.filter(**{f"{time_field}__lt": end})
     if params.get("model"):
         qs = qs.filter(model_name=params["model"])
     if (key := key_param(request)) is not None:

@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter, SimpleRouter
 
 from gateway.api import views
-from gateway.api.offline_docs import same_origin_only
+from gateway.api.offline_docs import redoc_bundle, same_origin_only
 
 platform = DefaultRouter()
 platform.register("tenants", views.TenantViewSet, basename="tenant")
@@ -28,9 +28,9 @@ scoped.register("exports", views.ExportJobViewSet, basename="export")
 scoped.register("alerts", views.SpendAlertViewSet, basename="alert")
 scoped.register("tokens", views.ManagementTokenViewSet, basename="token")
 scoped.register("content-logging", views.ContentLoggingViewSet, basename="content-logging")
-scoped.register("fallbacks", views.TenantFallbackViewSet, basename="fallback")
 scoped.register("projects", views.ProjectViewSet, basename="project")
 scoped.register("budgets", views.BudgetViewSet, basename="budget")
+scoped.register("fallbacks", views.TenantFallbackViewSet, basename="fallback")
 
 @csrf_exempt  # it changes nothing; a CSRF 403 page would hide the 404
 def not_found(request: HttpRequest) -> JsonResponse:
@@ -45,6 +45,11 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", same_origin_only(SpectacularSwaggerView.as_view(url_name="api:schema")),
          name="docs"),
+    # The OpenAI-compatible /v1 API first (what most readers want), then the management API.
+    path("redoc/inference/", same_origin_only(SpectacularRedocView.as_view(
+        url="/v1/openapi.json", template_name="drf_spectacular/redoc.html")),
+         name="redoc_inference"),
+    path("redoc/bundle.js", redoc_bundle, name="redoc_bundle"),
     path("redoc/", same_origin_only(SpectacularRedocView.as_view(url_name="api:schema")),
          name="redoc"),
     path("tenants/<slug:tenant>/", include(scoped.urls)),

@@ -1,4 +1,4 @@
-"""The exact-match response cache, as the HTTP layer uses it (docs/adr/0022-response-cache.md).
+"""The exact-match response cache, as the HTTP layer uses it (docs/adr/0025-response-cache.md).
 
 Opt-in: the tenant's switch, the key's, or the request's header ``x-gateway-cache: use``.
 ``x-gateway-cache: bypass`` skips it for one request; ``refresh`` runs the request and stores

@@ -243,7 +243,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         usage = self.usage_seen
         tracing.set_attributes(
             span, http__response__status_code=self.status or None,
-            gen_ai__request__model=getattr(self, "model_name", None),
+            gen_ai__request__model=getattr(self, "logged_model", None),
             pool=pool.name if pool is not None else None,
             tenant=principal.tenant_slug if principal else None,
             tenant__id=principal.tenant_id if principal else None,
@@ -266,7 +266,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         pool = getattr(self, "pool", None)
         item = requestlog.refusal_json(
             request_id=self.request_id, tenant_id=principal.tenant_id, key_id=principal.key_id,
-            model=getattr(self, "model_name", ""), pool=pool.name if pool is not None else "",
+            model=getattr(self, "logged_model", ""), pool=pool.name if pool is not None else "",
             http_status=err.status, error_code=err.code or err.type,
             end_user=getattr(self, "end_user", "") or None, stream=getattr(self, "stream", False),
             prompt_tokens=getattr(self, "prompt_tokens", 0),
@@ -279,7 +279,7 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
     def noted(self, model: str, stream: bool) -> None:
         """What the request log shows of a parsed request (never its content; the end user is
         ``self.end_user``, set with the request)."""
-        self.model_name, self.stream = model, stream
+        self.logged_model, self.stream = model, stream
 
     def overhead_ms(self) -> float:
         """Time in the gateway so far, less the wait for the worker (metering.overhead)."""

@@ -166,19 +166,6 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
     )
 
 
-MAX_FALLBACKS = 4
-
-
-def _fallbacks(fields: dict[str, Any]) -> tuple[str, ...]:
-    value = fields.get("fallbacks", [])
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _type_error("fallbacks", "a list of model names")
-    if len(value) > MAX_FALLBACKS:
-        raise ApiError(400, f"fallbacks: at most {MAX_FALLBACKS} models.", param="fallbacks",
-                       code="invalid_value")
-    return tuple(dict.fromkeys(value))
-
-
 class EndUserFields(Protocol):
     @property
     def user(self) -> str | None: ...
@@ -192,6 +179,19 @@ def end_user_id(req: EndUserFields) -> str | None:
     current name), else ``user`` (the older one); None when the client named nobody. The one
     place that decides it: usage records and end-user budgets key by this value."""
     return req.safety_identifier or req.user or None
+
+
+MAX_FALLBACKS = 4
+
+
+def _fallbacks(fields: dict[str, Any]) -> tuple[str, ...]:
+    value = fields.get("fallbacks", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _type_error("fallbacks", "a list of model names")
+    if len(value) > MAX_FALLBACKS:
+        raise ApiError(400, f"fallbacks: at most {MAX_FALLBACKS} models.", param="fallbacks",
+                       code="invalid_value")
+    return tuple(dict.fromkeys(value))
 
 
 def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:

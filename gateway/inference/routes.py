@@ -5,7 +5,7 @@ model name to targets: pools, each with a weight and a priority. Without a route
 targets are the pools that serve it for this tenant (``pools.candidate_pools``), each with
 weight 1 and priority 0: today's behaviour, with health checks and retries added.
 
-A ``Router`` holds one request's plan (docs/adr/0021-routes-and-fairness-across-pools.md):
+A ``Router`` holds one request's plan (docs/adr/0024-routes-and-fairness-across-pools.md):
 
 1. the chain of public names: the model asked for, then the request's own ``fallbacks``
    (``extra_body={"fallbacks": [...]}``, as LiteLLM reads them), then the tenant's

@@ -7,10 +7,13 @@ must render even when the database is what failed, so it builds the menu only if
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
+from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import requires_csrf_token
 
 from gateway.portal.tenancy import context_processor
@@ -51,3 +54,32 @@ def landing(request: HttpRequest) -> HttpResponse:
 def favicon(request: HttpRequest) -> HttpResponse:
     """Browsers (and the admin, and the API docs) ask for /favicon.ico."""
     return redirect(static("portal/favicon.svg"), permanent=True)
+
+
+class FriendlyNotFoundMiddleware:
+    """With ``DEBUG`` on (the quick start), Django answers a 404 with its technical page (URL
+    patterns, settings hints) instead of ``handler404``; a newcomer clicking around should see
+    the portal's page, as in production. Off ``DEBUG`` this does nothing: Django already uses
+    ``handler404``. A path that only lacks its trailing slash is left to ``APPEND_SLASH``."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if settings.DEBUG and not _resolves(request.path_info) and not (
+                settings.APPEND_SLASH and _resolves(request.path_info + "/")):
+            return not_found(request)
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if settings.DEBUG and isinstance(exception, Http404):
+            return not_found(request, exception)
+        return None
+
+
+def _resolves(path: str) -> bool:
+    try:
+        resolve(path)
+    except Resolver404:
+        return False
+    return True

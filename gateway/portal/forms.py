@@ -10,8 +10,10 @@ from django.conf import settings
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
 from django.core.validators import MaxValueValidator
+from django.db import transaction
 from django.utils import timezone
 
+from gateway.portal.playground import PLAYGROUND_PREFIX
 from metering.billing.models import SpendAlert
 from metering.billing.reports import DEFAULT_GROUPS, GROUPS
 from tenants.catalog import models_for
@@ -54,6 +56,12 @@ class KeyForm(forms.Form):
         assert isinstance(project, forms.ModelChoiceField)
         project.queryset = Project.objects.filter(tenant=tenant)
 
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        if name.lower().startswith(PLAYGROUND_PREFIX):  # that name marks the playground's key
+            raise forms.ValidationError("Names starting with “playground ·” are reserved.")
+        return name
+
     def clean_expires_at(self) -> datetime | None:
         value = self.cleaned_data.get("expires_at")
         if value is not None and value <= timezone.now():
@@ -69,6 +77,35 @@ class KeyForm(forms.Form):
 
     def caps(self) -> dict[str, int]:
         return {f: self.cleaned_data[f] for f in LIMIT_FIELDS if self.cleaned_data.get(f)}
+
+
+class KeyEditForm(KeyForm):
+    """Name, models and limits of an existing key. The expiry is not here: extending it would
+    revive a retiring (rotated) key; a new expiry is a new key."""
+
+    def __init__(self, *args: Any, key: ApiKey, **kwargs: Any) -> None:
+        initial = {"name": key.name, "allowed_models": list(key.allowed_models.all()),
+                   **{f: getattr(key, f) for f in LIMIT_FIELDS}}
+        super().__init__(*args, tenant=key.tenant, initial=initial, **kwargs)
+        del self.fields["expires_at"]
+        self.key = key
+
+    def clean_name(self) -> str:
+        if self.cleaned_data["name"] == self.key.name:  # the playground key keeps its own name
+            return self.key.name
+        return super().clean_name()
+
+    def save(self) -> ApiKey:
+        """One UPDATE of the row and one of its model set; either change drops every gateway's
+        cached copy of the key (``tenants.signals``), so the next request sees the new limits."""
+        data = self.cleaned_data
+        self.key.name = data["name"]
+        for field in LIMIT_FIELDS:
+            setattr(self.key, field, data.get(field) or None)
+        with transaction.atomic():
+            self.key.save(update_fields=["name", *LIMIT_FIELDS])
+            self.key.allowed_models.set(data["allowed_models"])
+        return self.key
 
 
 class RotateForm(forms.Form):
@@ -102,6 +139,9 @@ class ReportForm(forms.Form):
         data = self.cleaned_data
         if data.get("start") and data.get("end") and data["end"] <= data["start"]:
             raise forms.ValidationError("The end must come after the start.")
+        if data.get("start") and data["start"] > timezone.now():  # no usage there yet
+            raise forms.ValidationError("The range starts in the future: there is no usage "
+                                        "to report yet.")
         return data
 
 

@@ -25,6 +25,7 @@ from tenants.models import ApiKey, Tenant
 PLAYGROUND_KEY_TTL = timedelta(minutes=30)
 REUSE_MARGIN = timedelta(minutes=2)
 SESSION_KEY = "portal_playground_key"
+PLAYGROUND_PREFIX = "playground ·"  # key forms refuse names starting with it
 
 
 @dataclass
@@ -35,7 +36,11 @@ class PlaygroundKey:
 
 
 def key_name(user: Any) -> str:
-    return f"playground · {user.get_username()}"
+    return f"{PLAYGROUND_PREFIX} {user.get_username()}"
+
+
+def is_playground_key(key: ApiKey) -> bool:
+    return key.created_by is not None and key.name == key_name(key.created_by)
 
 
 def playground_key(session: Any, tenant: Tenant, user: Any,

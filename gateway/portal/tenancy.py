@@ -93,10 +93,11 @@ def tenant_view(
 # The navigation: (section's URL name, label, capability, URL names that belong to it). One
 # table drives the menu, the "current page" mark and where a tenant switch lands.
 NAV: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("overview", "Get started", "overview", ()),
     ("usage", "Usage", "usage", ()),
     ("requests", "Requests", "usage", ()),
     ("keys", "API keys", "keys", ("key_create", "key_created", "key_revoke", "key_rotate",
-                                  "key_resume")),
+                                  "key_resume", "key_edit")),
     ("quotas", "Quotas", "quotas", ()),
     ("playground", "Playground", "playground", ()),
     ("reports", "Reports", "reports", ("statement", "export")),

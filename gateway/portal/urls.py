@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
+from gateway.portal.lockout import UnlockingPasswordResetConfirmView
 from gateway.portal.views import (
     budgets,
     content_logging,
@@ -9,6 +10,7 @@ from gateway.portal.views import (
     invitations,
     keys,
     members,
+    overview,
     playground,
     requestlog,
     tokens,
@@ -28,7 +30,7 @@ urlpatterns = [
         success_url=reverse_lazy("portal:password_reset_done")), name="password_reset"),
     path("password-reset/sent/", auth_views.PasswordResetDoneView.as_view(
         template_name="portal/password_reset_sent.html"), name="password_reset_done"),
-    path("password-reset/<uidb64>/<token>/", auth_views.PasswordResetConfirmView.as_view(
+    path("password-reset/<uidb64>/<token>/", UnlockingPasswordResetConfirmView.as_view(
         template_name="portal/password_reset_confirm.html",
         success_url=reverse_lazy("portal:password_reset_complete")),
         name="password_reset_confirm"),
@@ -37,9 +39,11 @@ urlpatterns = [
     path("", home.index, name="index"),
     path("no-tenant/", home.no_tenant, name="no_tenant"),
     path("switch/", home.switch, name="switch"),
+    path("start/", overview.overview_page, name="overview"),
     path("keys/", keys.key_list, name="keys"),
     path("keys/new/", keys.key_create, name="key_create"),
     path("keys/new/done/", keys.key_created, name="key_created"),
+    path("keys/<int:pk>/edit/", keys.key_edit, name="key_edit"),
     path("keys/<int:pk>/revoke/", keys.key_revoke, name="key_revoke"),
     path("keys/<int:pk>/rotate/", keys.key_rotate, name="key_rotate"),
     path("keys/<int:pk>/resume/", keys.key_resume, name="key_resume"),
@@ -62,6 +66,7 @@ urlpatterns = [
          name="alert_rotate_secret"),
     path("members/", members.members_page, name="members"),
     path("members/<int:pk>/", members.member_change, name="member_change"),
+    path("invitations/<int:pk>/resend/", members.invitation_resend, name="invitation_resend"),
     path("invitations/<int:pk>/revoke/", members.invitation_revoke, name="invitation_revoke"),
     path("tokens/", tokens.tokens_page, name="tokens"),
     path("tokens/created/", tokens.token_created, name="token_created"),

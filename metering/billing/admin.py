@@ -1,12 +1,13 @@
-"""Billing admin. Prices and what was billed are history: a price can be corrected only before
-it takes effect, and nothing here can be deleted (a deleted price would silently re-cost past
-statements; add a new price from the next hour instead)."""
+"""Billing admin. Prices and what was billed are history: a price can be corrected or deleted
+only before it takes effect, and nothing else here can be deleted (a deleted past price would
+silently re-cost past statements; add a new price from the next hour instead)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from django import forms
 from django.contrib import admin
 from django.db.models import Model
 from django.http import HttpRequest
@@ -16,10 +17,10 @@ from django.utils.safestring import SafeString
 
 from metering.billing.budget_status import status_of
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
-from metering.billing.money import format_money
+from metering.billing.money import format_money, format_rate
 from metering.billing.reports import build_report
 from tenants.admin import TenantAdmin
-from tenants.models import Budget, Tenant
+from tenants.models import Budget, ServedModel, Tenant
 
 _M = TypeVar("_M", bound=Model)
 
@@ -37,15 +38,83 @@ class ReadOnly(NoDelete[_M]):
         return False
 
 
+# Currencies offered for a price: ISO 4217 codes in common use (the minor-unit table knows the
+# rest); a typed "usd" or "US$" is not a currency the reports could total.
+CURRENCIES = sorted({"USD", "EUR", "GBP", "CHF", "JPY", "CAD", "AUD", "NZD", "SEK", "NOK", "DKK",
+                     "PLN", "CZK", "INR", "CNY", "SGD", "HKD", "KRW", "BRL", "MXN", "ZAR"})
+
+
+def next_hour() -> datetime:
+    """The default start of a new price: the next full hour (prices start on the hour, and a
+    price starting in the past would re-cost usage already reported)."""
+    return timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+
+
+class PriceForm(forms.ModelForm[Price]):
+    model_name = forms.ChoiceField(label="Model", help_text="A served model's public name.")
+    currency = forms.ChoiceField(choices=[(c, c) for c in CURRENCIES], initial="USD")
+    effective_from = forms.DateTimeField(
+        initial=next_hour, label="Takes effect at (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local", "step": 3600},
+                                   format="%Y-%m-%dT%H:%M"),
+        help_text="On the hour, in the future (the next full hour by default). A price can be "
+                  "corrected or deleted until then; after, it is history.")
+
+    class Meta:
+        model = Price
+        fields = ["model_name", "currency", "input_per_mtok", "cached_input_per_mtok",
+                  "output_per_mtok", "effective_from"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        names = list(ServedModel.objects.order_by("name").values_list("name", flat=True))
+        current = self.instance.model_name if self.instance.pk else ""
+        if current and current not in names:  # a retired model's price stays editable
+            names.append(current)
+        field = self.fields["model_name"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [("", "---------")] + [(n, n) for n in names]
+
+    def clean_effective_from(self) -> datetime:
+        value: datetime = self.cleaned_data["effective_from"]
+        if value <= timezone.now():
+            raise forms.ValidationError(
+                "A new or corrected price takes effect in the future: past usage was already "
+                "costed. Pick the next full hour or later.")
+        return value
+
+
 @admin.register(Price)
-class PriceAdmin(NoDelete[Price]):
-    list_display = ("model_name", "effective_from", "currency", "input_per_mtok",
-                    "cached_input_per_mtok", "output_per_mtok")
+class PriceAdmin(admin.ModelAdmin[Price]):
+    form = PriceForm
+    list_display = ("model_name", "effective_from", "currency", "input_display",
+                    "cached_input_display", "output_display", "state")
     list_filter = ("currency", "model_name")
 
     def has_change_permission(self, request: HttpRequest, obj: Price | None = None) -> bool:
-        in_effect = obj is not None and obj.effective_from <= timezone.now()
+        in_effect = obj is not None and obj.in_effect()
         return not in_effect and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Price | None = None) -> bool:
+        # Only one price at a time (never the bulk action), and only before it takes effect.
+        return obj is not None and not obj.in_effect() and super().has_delete_permission(
+            request, obj)
+
+    @admin.display(description="input / 1M tokens", ordering="input_per_mtok")
+    def input_display(self, obj: Price) -> str:
+        return format_rate(obj.input_per_mtok, obj.currency)
+
+    @admin.display(description="cached input / 1M tokens", ordering="cached_input_per_mtok")
+    def cached_input_display(self, obj: Price) -> str:
+        return format_rate(obj.cached_input_per_mtok, obj.currency)
+
+    @admin.display(description="output / 1M tokens", ordering="output_per_mtok")
+    def output_display(self, obj: Price) -> str:
+        return format_rate(obj.output_per_mtok, obj.currency)
+
+    @admin.display(description="state")
+    def state(self, obj: Price) -> str:
+        return "in effect or past" if obj.in_effect() else "scheduled (can be corrected)"
 
 
 @admin.register(SpendAlert)

@@ -157,6 +157,8 @@ def _email_owners(alert: SpendAlert, period: str, value: Decimal, suspended: boo
         return 0
     subject = f"[gateway] Spend alert for {alert.tenant.name} ({period})"
     body = describe(alert, period, value, suspended)
+    body += (f"\n\nSee the usage and the alert in the portal: {settings.PUBLIC_BASE_URL}"
+             "/portal/usage/ (alerts: /portal/alerts/).")
     sent = send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, emails, fail_silently=True)
     return len(emails) if sent else 0
 

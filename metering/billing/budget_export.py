@@ -1,6 +1,7 @@
 """Budget against actual, per level, as a CSV for finance: every budget of a tenant with this
 period's spend (the live counter), its percent, the projection and when it resets. Cells go
-through ``cells.safe_row`` like every other export (an end user's id is caller-chosen text)."""
+through ``spreadsheet.safe_row`` like every other export (an end user's id is the caller's
+text)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ digit, and rounding happens only where a figure is displayed.
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypedDict
 
@@ -70,6 +71,11 @@ class Price(models.Model):
         start = self.effective_from
         if start and (start.minute or start.second or start.microsecond):
             raise ValidationError({"effective_from": "A price takes effect on the hour (UTC)."})
+
+    def in_effect(self, now: datetime | None = None) -> bool:
+        """A price that has taken effect is history: past usage was costed with it, so it is
+        never changed nor deleted (add a new price from the next hour instead)."""
+        return self.effective_from <= (now or timezone.now())
 
     def cost(self, prompt: int, cached: int, completion: int) -> Decimal:
         """Exact cost; ``prompt`` includes ``cached`` (OpenAI's convention), billed at two rates."""

@@ -70,3 +70,12 @@ def format_money(amount: Decimal | None, currency: str) -> str:
     if not currency or amount is None:
         return UNPRICED
     return f"{format_amount(amount, currency)} {currency}"
+
+
+def format_rate(rate: Decimal, currency: str) -> str:
+    """A price per million tokens as money: ``0.500000`` USD -> ``0.50 USD``. A rate is never
+    rounded (0.0375 stays 0.0375): at least the currency's digits, more only where it has them."""
+    places = minor_unit(currency)
+    exact = Decimal(rate).normalize()
+    digits = max(places, -int(exact.as_tuple().exponent))
+    return f"{Decimal(rate):,.{digits}f} {currency}"

@@ -29,7 +29,7 @@ from django.db.models import QuerySet
 
 from metering.billing.money import UNPRICED, allocate, minor_unit, total_amount
 from metering.billing.pricing import PriceBook
-from metering.billing.spreadsheet import safe_row
+from metering.billing.spreadsheet import safe_cell, safe_row
 from metering.models import UsageRollup
 from tenants.models import ApiKey, Project, Tenant
 
@@ -270,21 +270,25 @@ def _money_format(currency: str) -> str:
     return "#,##0" + ("." + "0" * places if places else "")
 
 
-def write_xlsx(report: Report, out: IO[bytes]) -> None:
+def write_xlsx(report: Report, out: IO[bytes], title: str | None = None) -> None:
     """Numbers stay numbers, with thousands separators and the currency's decimals; columns
-    are wide enough to read, the header row is frozen, headers and totals are bold."""
+    are wide enough to read, the header row is frozen, headers and totals are bold. ``title``
+    (a statement's: tenant, month, issue date) heads the sheet and names the document."""
     from openpyxl import Workbook
     from openpyxl.cell import WriteOnlyCell
     from openpyxl.styles import Font
     from openpyxl.utils import get_column_letter
 
     book = Workbook(write_only=True)
-    sheet = book.create_sheet("usage")
+    sheet = book.create_sheet("statement" if title else "usage")
+    if title:
+        book.properties.title = title
     columns = report.columns
     for index, name in enumerate(columns, start=1):
         sheet.column_dimensions[get_column_letter(index)].width = COLUMN_WIDTHS.get(name, 16)
     sheet.freeze_panes = "A3"
-    sheet.append([f"Usage {report.start:%Y-%m-%d %H:00} to {report.end:%Y-%m-%d %H:00} UTC"])
+    sheet.append([safe_cell(title) if title else
+                  f"Usage {report.start:%Y-%m-%d %H:00} to {report.end:%Y-%m-%d %H:00} UTC"])
     bold = Font(bold=True)
     n_rows = len(report.rows)
     all_rows = [*report.rows, *report.totals]

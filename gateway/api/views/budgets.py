@@ -1,4 +1,4 @@
-"""Projects and budgets of a tenant (docs/adr/0021). Reads: projects for every role, budgets
+"""Projects and budgets of a tenant (docs/adr/0022). Reads: projects for every role, budgets
 (with this period's spend) for owners and billing; changes: owners."""
 
 from __future__ import annotations

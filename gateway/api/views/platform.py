@@ -126,6 +126,23 @@ class PriceViewSet(viewsets.ModelViewSet[Price]):
         Price(**serializer.validated_data).clean()
         serializer.save()
 
+    # A price in effect costed past usage: only a scheduled one is corrected or deleted.
+    def perform_update(self, serializer: Any) -> None:
+        refuse_if_in_effect(serializer.instance)
+        Price(**{**serializer.validated_data, "effective_from": serializer.validated_data.get(
+            "effective_from", serializer.instance.effective_from)}).clean()
+        serializer.save()
+
+    def perform_destroy(self, instance: Price) -> None:
+        refuse_if_in_effect(instance)
+        instance.delete()
+
+
+def refuse_if_in_effect(price: Price) -> None:
+    if price.in_effect():
+        raise ValidationError({"effective_from": "This price has taken effect and is history; "
+                                                 "add a new price from the next hour instead."})
+
 
 class PlatformReportView(viewsets.ViewSet):
     """Usage report across every tenant (staff with metering.view_usagerecord)."""

@@ -1,5 +1,5 @@
 """Routes (platform staff) and a tenant's own fallback orders (its owners), at /api/routes/ and
-/api/tenants/{slug}/fallbacks/ (docs/adr/0021-routes-and-fairness-across-pools.md)."""
+/api/tenants/{slug}/fallbacks/ (docs/adr/0024-routes-and-fairness-across-pools.md)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ class TenantFallbackSerializer(serializers.ModelSerializer[TenantFallback]):
         return attrs
 
 
-class TenantFallbackViewSet(viewsets.ModelViewSet[TenantFallback], TenantScoped):
+class TenantFallbackViewSet(viewsets.ModelViewSet[TenantFallback], TenantScoped[TenantFallback]):
     """The tenant's own fallback order per model, tried before the route's: read by owners and
     members, written by owners."""
 

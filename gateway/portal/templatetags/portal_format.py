@@ -17,7 +17,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from metering.billing.money import format_money
+from metering.billing.money import format_money, format_rate
 
 register = template.Library()
 DASH = "\u2013"  # an en dash: "no value"
@@ -62,3 +62,15 @@ def when(value: datetime | None, style: str = "datetime") -> SafeString | str:
     text = f"{utc:%Y-%m-%d}" if style == "date" else f"{utc:%Y-%m-%d %H:%M} UTC"
     return format_html('<time datetime="{}" data-style="{}">{}</time>',
                        utc.isoformat().replace("+00:00", "Z"), style, text)
+
+
+@register.filter
+def rate(price: Any, field: str) -> str:
+    """``{{ price|rate:"input_per_mtok" }}`` -> "0.50 USD" (per million tokens)."""
+    return format_rate(getattr(price, field), price.currency)
+
+
+@register.filter
+def unit_for(unit: str, count: Any) -> str:
+    """A plural unit for ``count``: "requests" for 2 or 0, "request" for exactly 1."""
+    return unit[:-1] if unit.endswith("s") and count == 1 else unit

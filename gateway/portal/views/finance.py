@@ -89,19 +89,23 @@ def export_download(request: TenantRequest, pk: int) -> HttpResponseBase:
 
 @tenant_view("reports")
 def statement_page(request: TenantRequest) -> HttpResponseBase:
-    tenant = request.tenant
+    tenant, now = request.tenant, timezone.now()
+    asked = request.GET.get("month", "")
     try:
-        year, month = (int(p) for p in request.GET.get("month", "").split("-"))
+        year, month = (int(p) for p in asked.split("-"))
         start, end = reports.month_range(year, month, UTC)
     except ValueError:
-        now = timezone.now()
+        if asked:  # never a silent swap for the current month
+            return page(request, "portal/statement.html", {
+                "invalid_month": asked, "months": _recent_months(now)}, status=400)
         start, end = reports.month_range(now.year, now.month, UTC)
     report = reports.build_report(start, end, tenant=tenant, group_by=("model", "key"))
     fmt = request.GET.get("format")
     if fmt in ("csv", "xlsx"):
-        return report_response(report, fmt, f"statement-{tenant.slug}-{start:%Y-%m}")
+        title = f"Statement for {tenant.name}, {start:%Y-%m}, issued {now:%Y-%m-%d %H:%M} UTC"
+        return report_response(report, fmt, f"statement-{tenant.slug}-{start:%Y-%m}", title)
     return page(request, "portal/statement.html",
-                {"report": report, "month": f"{start:%Y-%m}", "issued": timezone.now()})
+                {"report": report, "month": f"{start:%Y-%m}", "issued": now})
 
 
 @tenant_view("alerts")

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 from gateway.portal.tenancy import NAV, choose, current_membership, section_of
 from gateway.portal.views.base import page
 from tenants import roles
-from tenants.models import Tenant
+from tenants.models import ApiKey, Tenant
 
 
 class PortalLoginView(LoginView):
@@ -43,6 +43,12 @@ def index(request: HttpRequest) -> HttpResponse:
     membership = current_membership(request)
     if membership is None:
         return redirect("portal:no_tenant")
+    # Someone who may make keys and has none yet starts on "Get started".
+    keys = ApiKey.objects.filter(tenant=membership.tenant)
+    if not roles.can(membership.role, "all_keys"):
+        keys = keys.filter(created_by_id=request.user.pk)
+    if roles.can(membership.role, "keys") and not keys.exists():
+        return redirect("portal:overview")
     return redirect("portal:usage" if roles.can(membership.role, "usage") else "portal:keys")
 
 

@@ -35,7 +35,8 @@ def invitation_page(request: HttpRequest, secret: str) -> HttpResponse:
     invitation = invitations.pending(secret)
     if invitation is None:
         request.session.pop(PENDING_KEY, None)
-        return page(request, "portal/invitation_invalid.html", status=404)
+        # Whoever holds the link may learn why it stopped working (it names nothing else).
+        return page(request, "portal/invitation_invalid.html", {"found": found}, status=404)
     if request.user.is_authenticated:
         return _join_as_signed_in(request, secret, invitation)
     return _join_as_new(request, secret, invitation)

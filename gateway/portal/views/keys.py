@@ -9,11 +9,14 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 
-from gateway.portal.forms import KeyForm, RotateForm
+from gateway.portal.forms import KeyEditForm, KeyForm, RotateForm
+from gateway.portal.playground import is_playground_key
+from gateway.portal.snippets import base_url, snippets
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.usage import per_key
 from gateway.portal.views.base import page, secret_page, secret_redirect, take_secret
 from tenants import roles
+from tenants.catalog import models_for
 from tenants.keys import KeyNotRotatable, issue_key, rotate_key
 from tenants.models import ApiKey, ApiKeyQuerySet
 
@@ -27,13 +30,14 @@ def visible_keys(request: TenantRequest) -> ApiKeyQuerySet:
 
 @tenant_view("keys")
 def key_list(request: TenantRequest) -> HttpResponse:
-    keys = list(visible_keys(request).prefetch_related("allowed_models")
-                .select_related("project"))
+    keys = list(visible_keys(request).select_related("created_by", "project")
+                .prefetch_related("allowed_models"))
     now = timezone.now()
     month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     usage = per_key(request.tenant, month, now + timedelta(hours=1), [k.pk for k in keys])
     for key in keys:
         key.month_usage = usage.get(key.pk)  # type: ignore[attr-defined]
+        key.playground = is_playground_key(key)  # type: ignore[attr-defined]
     return page(request, "portal/keys.html", {"keys": keys, "now": now, "month": month})
 
 
@@ -64,8 +68,23 @@ def key_created(request: TenantRequest) -> HttpResponse:
     rotated_id: int | None = parked.get("rotated_id")
     rotated = visible_keys(request).filter(pk=rotated_id).first() \
         if rotated_id is not None else None
+    plaintext: str = parked["plaintext"]
+    allowed = list(key.allowed_models.all()) or list(models_for(request.tenant)[:1])
+    example = allowed[0].name if allowed else "MODEL"
     return secret_page(request, "portal/key_created.html", {
-        "key": key, "plaintext": parked["plaintext"], "rotated": rotated})
+        "key": key, "plaintext": plaintext, "rotated": rotated, "example_model": example,
+        "snippets": snippets(base_url(request), example, plaintext)})
+
+
+@tenant_view("keys")
+def key_edit(request: TenantRequest, pk: int) -> HttpResponse:
+    key = get_object_or_404(visible_keys(request).filter(revoked_at__isnull=True), pk=pk)
+    form = KeyEditForm(request.POST or None, key=key)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, f"Key {key.masked} saved: gateways apply it within a second.")
+        return redirect("portal:keys")
+    return page(request, "portal/key_form.html", {"form": form, "key": key})
 
 
 @tenant_view("keys")
@@ -80,7 +99,7 @@ def key_revoke(request: TenantRequest, pk: int) -> HttpResponse:
 
 @tenant_view("keys")
 def key_rotate(request: TenantRequest, pk: int) -> HttpResponse:
-    old = get_object_or_404(visible_keys(request).usable(), pk=pk)
+    old = get_object_or_404(visible_keys(request).usable().filter(rotated_at__isnull=True), pk=pk)
     form = RotateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:

@@ -6,11 +6,14 @@ it (``tenants.membership``).
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from gateway.portal.forms import InviteForm
@@ -19,6 +22,8 @@ from gateway.portal.views.base import page
 from tenants import invitations, membership
 from tenants.models import Invitation, Membership
 from tenants.roles import OWNER
+
+EXPIRED_SHOWN = timedelta(days=30)
 
 
 def invitation_link(request: HttpRequest, secret: str) -> str:
@@ -42,10 +47,16 @@ def members_page(request: TenantRequest) -> HttpResponse:
     members = list(Membership.objects.filter(tenant=tenant).select_related("user").order_by("id"))
     owners = sum(m.role == OWNER for m in members)
     pending = Invitation.objects.filter(tenant=tenant).pending().select_related("invited_by")
+    # Expired in the last month and never replaced: listed with Resend, not silently gone.
+    now = timezone.now()
+    expired = (Invitation.objects.filter(
+        tenant=tenant, accepted_at__isnull=True, revoked_at__isnull=True,
+        expires_at__lte=now, expires_at__gt=now - EXPIRED_SHOWN)
+        .exclude(email__in=pending.values("email")).select_related("invited_by"))
     return page(request, "portal/members.html", {
         "form": form, "members": members, "roles": Membership.Role.choices,
         "last_owner_ids": {m.pk for m in members if m.role == OWNER and owners == 1},
-        "pending": pending,
+        "pending": pending, "expired": expired,
     })
 
 
@@ -83,6 +94,23 @@ def member_change(request: TenantRequest, pk: int) -> HttpResponse:
         messages.success(request, "Your role changed. Members are managed by the owners now.")
         return redirect("portal:index")  # the members page is for owners only
     messages.success(request, "Membership updated.")
+    return redirect("portal:members")
+
+
+@tenant_view("members")
+@require_POST
+def invitation_resend(request: TenantRequest, pk: int) -> HttpResponse:
+    """A new link to the same address and role; the old one (pending or expired) stops."""
+    old = get_object_or_404(Invitation, pk=pk, tenant=request.tenant, accepted_at__isnull=True,
+                            revoked_at__isnull=True)
+    invitations.revoke(old)
+    try:
+        invitations.invite(request.tenant, old.email, old.role, request.user,
+                           lambda secret: invitation_link(request, secret))
+    except ValidationError as exc:
+        messages.error(request, exc.messages[0])
+    else:
+        messages.success(request, f"A new invitation was sent to {old.email}.")
     return redirect("portal:members")
 
 

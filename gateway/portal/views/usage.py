@@ -9,15 +9,17 @@ from decimal import Decimal
 from django.db.models import Sum
 from django.db.models.functions import TruncHour
 from django.http import HttpResponse
+from django.http.response import HttpResponseBase
 from django.utils import timezone
 
-from gateway.portal import usage
+from gateway.portal import usage, usage_range
 from gateway.portal.charts import chart
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from gateway.portal.views.keys import visible_keys
 from infra.redis_conn import get_redis, tenant_key
 from metering.billing import reports
+from metering.billing.downloads import report_response
 from metering.billing.models import SpendAlert
 from tenants import roles
 from tenants.catalog import models_for
@@ -37,21 +39,29 @@ def _choice(request: TenantRequest, name: str, allowed: tuple[str, ...]) -> str:
 
 
 @tenant_view("usage")
-def usage_page(request: TenantRequest) -> HttpResponse:
+def usage_page(request: TenantRequest) -> HttpResponseBase:
     tenant, now = request.tenant, timezone.now()
-    span = _choice(request, "range", tuple(usage.RANGES))
+    chosen = usage_range.parse(request.GET, now)
+    span, start, end = chosen.preset, chosen.start, chosen.end
     # Hourly bars over a month would be 720 slivers: days are the default beyond one day.
     grain = _choice(request, "grain", ("hour", "day") if span == "24h" else ("day", "hour"))
     by = _choice(request, "by", ("model", "key"))
-    start, end = usage.now_range(span, now)
     key_ids = own_key_ids(request)
+    if request.GET.get("format") == "csv":  # the range as shown, of the keys the reader sees
+        return _export(request, chosen, key_ids)
     data = usage.series(tenant, start, end, grain=grain, by=by, key_ids=key_ids)
+    totals = _range_totals(data)
+    before = _range_totals(usage.series(tenant, *chosen.previous, grain="day", by="model",
+                                        key_ids=key_ids))
     mtd = usage.month_to_date(tenant, now, effective_limits(tenant), key_ids)
     alerts = SpendAlert.objects.filter(tenant=tenant, period=SpendAlert.Period.MONTH, enabled=True)
     return page(request, "portal/usage.html", {
         "span": span, "grain": grain, "by": by, "ranges": list(usage.RANGES),
+        "chosen": chosen, "previous": before,
+        "changes": {k: usage_range.change(totals[k], before[k])  # type: ignore[arg-type]
+                    for k in ("requests", "input", "output")},
         "charts": _charts(data, grain),
-        "totals": _range_totals(data),
+        "totals": totals,
         "unpriced_tokens": data.unpriced_tokens,
         "ttft": usage.ttft_percentiles(tenant, now, key_ids),
         "mtd": mtd,
@@ -81,6 +91,14 @@ def _charts(data: usage.Series, grain: str) -> list[dict[str, object]]:
               data.errors, unit="requests"),
     ]
     return charts
+
+
+def _export(request: TenantRequest, chosen: usage_range.UsageRange,
+            key_ids: list[int] | None) -> HttpResponseBase:
+    report = reports.build_report(chosen.start, chosen.end, tenant=request.tenant,
+                                  group_by=("key", "model"), api_key_ids=key_ids)
+    name = f"usage-{request.tenant.slug}-{chosen.first_day:%Y%m%d}-{chosen.last_day:%Y%m%d}"
+    return report_response(report, "csv", name)
 
 
 def _range_totals(data: usage.Series) -> dict[str, object]:
