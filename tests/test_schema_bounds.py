@@ -186,3 +186,26 @@ def test_fuzz_gateway_check_and_worker_sampler_are_bounded(schema: dict[str, Any
         sample_json_bounded(schema, random.Random(0), ["w"], 5 * 8 + 256)))
     assert elapsed < 1.0 and peak < 32 * 2**20
     assert len(result[0][0]) < 20 * MAX_SCHEMA_EXPANDED
+
+
+# -- N12: other malformed input ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["²", "1" * 5001, "-1", " 1"])
+def test_a_malformed_logit_bias_key_is_a_400(key: str) -> None:
+    with pytest.raises(ApiError) as info:
+        chat(logit_bias={key: 1})
+    assert (info.value.status, info.value.param) == (400, "logit_bias")
+
+
+@pytest.mark.parametrize("fields", [{"n": 2}, {"logprobs": True}])
+def test_resuming_a_plain_stream_with_a_framed_body_is_a_400(fields: dict[str, Any]) -> None:
+    from gateway.inference.choices import Assembler, framed
+    from gateway.inference.toolparsers import PARSERS
+    from serving.tokenization import load_tokenizer
+
+    request = chat(**fields)
+    asm = Assembler(request, PARSERS["hermes"], load_tokenizer(None), framed(request))
+    with pytest.raises(ApiError) as info:
+        asm.feed("Hello there")  # the plain stream's text
+    assert (info.value.status, info.value.param) == (400, next(iter(fields)))

@@ -79,6 +79,19 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
     def get_state(self, key: ApiKey) -> str:
         return key.state()
 
+    def get_fields(self) -> dict[str, Any]:
+        # Names resolve among the tenant's own models only, so a private model of another
+        # tenant answers exactly as an unknown one ("does not exist").
+        fields = super().get_fields()
+        tenant = self.context.get("tenant")
+        if tenant is not None:
+            many = fields["allowed_models"]
+            assert isinstance(many, serializers.ManyRelatedField)
+            # DRF's stubs type ``queryset`` as a manager descriptor; it is a plain attribute.
+            relation: Any = many.child_relation
+            relation.queryset = models_for(tenant)
+        return fields
+
     def validate_allowed_models(self, value: list[ServedModel]) -> list[ServedModel]:
         usable = set(models_for(self.context["tenant"]))
         if bad := [m.name for m in value if m not in usable]:

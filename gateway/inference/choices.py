@@ -20,6 +20,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from gateway.inference.errors import ApiError
 from gateway.inference.requests import InferenceRequest
 from gateway.inference.required_calls import RequiredCalls
 from gateway.inference.toolparsers import ToolCall, ToolParser, new_call_id, parse_required
@@ -87,8 +88,16 @@ class Assembler:
             return
         for line in text.split("\n"):
             if line:
-                piece = json.loads(line)
-                yield int(piece["i"]), piece.get("t", ""), piece.get("lp"), piece.get("f")
+                try:
+                    piece = json.loads(line)
+                    yield int(piece["i"]), piece.get("t", ""), piece.get("lp"), piece.get("f")
+                except (ValueError, KeyError, TypeError):
+                    # Not a frame: a body declaring n or logprobs resumed a plain stream
+                    # (review 3, N12). A 400 naming the parameter, not a 500.
+                    name = "n" if self.req.n > 1 else "logprobs"
+                    raise ApiError(400, f"The `{name}` of this body does not match the stream "
+                                   "being resumed: resume with the original request.",
+                                   param=name, code="invalid_value") from None
 
     def feed(self, text: str) -> list[Choice]:
         """A token event's text; returns the stream chunk choices to send now."""

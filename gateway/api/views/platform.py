@@ -122,6 +122,17 @@ class PriceViewSet(viewsets.ModelViewSet[Price]):
     permission_classes = [ReadForMembersWriteWithPermission]
     platform_model = Price
 
+    def get_queryset(self) -> QuerySet[Price]:
+        """Without the platform permission, another tenant's dedicated model is not listed: to
+        the caller it does not exist (review 3, old finding 8)."""
+        prices = Price.objects.all()
+        if access.has_platform_perm(self.request, Price, "GET"):
+            return prices
+        dedicated = set(ServedModel.objects.filter(pools__dedicated_to__isnull=False)
+                        .values_list("name", flat=True))
+        visible = set(models_for(access.tenant_ids(self.request)).values_list("name", flat=True))
+        return prices.exclude(model_name__in=dedicated - visible)
+
     def perform_create(self, serializer: Any) -> None:
         Price(**serializer.validated_data).clean()
         serializer.save()
