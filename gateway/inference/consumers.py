@@ -575,7 +575,7 @@ class CompletionConsumer(ApiConsumer):
         if getattr(self, "cache_digest", None) is None or event.finish_reason not in \
                 FINISH_REASONS or self.cache_state == "hit":
             return
-        entry = cache.Entry(self.model_name(req), self.pool.name, pieces, event.finish_reason,
+        entry = cache.Entry(self.answer_model(req), self.pool.name, pieces, event.finish_reason,
                             event.usage.prompt_tokens, event.usage.completion_tokens)
         try:
             await cache.response_cache.put(self.principal.tenant_id, str(self.cache_digest),
@@ -717,14 +717,14 @@ class CompletionConsumer(ApiConsumer):
     def answer(self, req: InferenceRequest, asm: Assembler, usage: UsageCounts) -> bytes:
         """A whole response from a finished assembler."""
         return dumps(choices_body(req.kind, self.request_id, created_of(self.request_id),
-                                         self.model_name(req), asm.choices(), usage))
+                                         self.answer_model(req), asm.choices(), usage))
 
-    def model_name(self, req: InferenceRequest) -> str:
+    def answer_model(self, req: InferenceRequest) -> str:
         """The ``model`` an answer names: the one that actually served it."""
         return getattr(self, "served_model", None) or req.model
 
     def served_headers(self, req: InferenceRequest) -> dict[str, str]:
-        headers = {SERVED_HEADER: self.model_name(req)}
+        headers = {SERVED_HEADER: self.answer_model(req)}
         if getattr(self, "cache_digest", None) is not None:
             headers["x-cache"] = self.cache_state
         return headers
@@ -752,7 +752,7 @@ class CompletionConsumer(ApiConsumer):
                 else:
                     text = "".join(pieces)
                     answer = dumps(completion_body(
-                        req.kind, self.request_id, created, self.model_name(req), text,
+                        req.kind, self.request_id, created, self.answer_model(req), text,
                         event.finish_reason, usage))
                 await self.send_json(200, answer, {**headers, **self.served_headers(req)})
                 if asm is None:
@@ -969,7 +969,7 @@ class Relay:
     def _template(self) -> ChunkTemplate:
         c = self.c
         return ChunkTemplate(self.req.kind, c.request_id, created_of(c.request_id),
-                             c.model_name(self.req), self.req.include_usage)
+                             c.answer_model(self.req), self.req.include_usage)
 
     async def _begin(self) -> None:
         if self.c.started:

@@ -29,14 +29,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.inference.routes import Target
 from serving import health
-from serving import submission as facade
-from serving.submission import Submission
+from serving.submission import ErrorEvent, Event, FinishEvent, Submission, TokenEvent
 
 log = logging.getLogger(__name__)
 WATCH_S = 0.5
 MIN_LEFT_S = 0.5  # a retry needs at least this much of the first-token deadline left
 
-POOL_DOWN = facade.ErrorEvent(
+POOL_DOWN = ErrorEvent(
     "pool_down", "No worker of the pool serving this request is alive, and no other can take "
     "it; please retry.", retryable=True)
 
@@ -68,13 +67,13 @@ class Failover:
     async def cancel(self, reason: str = "client_disconnect") -> None:
         await self.current.cancel(reason)
 
-    async def events(self) -> AsyncIterator[facade.Event]:
+    async def events(self) -> AsyncIterator[Event]:
         while True:
             got_token = retry = False
             watch = asyncio.create_task(self._watch(self.target.pool.name, self.current))
             try:
                 async for event in self.current.events():
-                    if isinstance(event, facade.TokenEvent):
+                    if isinstance(event, TokenEvent):
                         if not got_token:
                             got_token = True
                             watch.cancel()
@@ -90,7 +89,7 @@ class Failover:
                             if self._abandoned:  # cancelled by us, and nowhere to go after all
                                 yield POOL_DOWN
                                 return
-                        elif isinstance(event, facade.FinishEvent):
+                        elif isinstance(event, FinishEvent):
                             self._record(True)
                     yield event
                     return
@@ -99,13 +98,13 @@ class Failover:
             if not retry:
                 return
 
-    def _failed_here(self, event: facade.Event) -> bool:
-        if isinstance(event, facade.ErrorEvent):
+    def _failed_here(self, event: Event) -> bool:
+        if isinstance(event, ErrorEvent):
             return health.counts_against_pool(event.code, event.retryable)
         # Our own watchdog cancelled a request stuck on a pool without workers.
-        return isinstance(event, facade.FinishEvent) and self._abandoned
+        return isinstance(event, FinishEvent) and self._abandoned
 
-    async def _switch(self, event: facade.Event) -> bool:
+    async def _switch(self, event: Event) -> bool:
         left = self.current.first_token_left()
         if left < MIN_LEFT_S:
             return False

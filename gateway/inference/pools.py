@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 from django.db.models import QuerySet
 
-from gateway.inference.errors import model_not_found, unavailable
+from gateway.inference.errors import ApiError, model_not_found, unavailable
 from gateway.orm import in_thread
 from infra.pool_workers import queue_live_workers, queue_load
 from infra.redis_conn import get_async_redis, pool_key
@@ -247,25 +247,31 @@ def _usable_by(cat: Catalog, model: str, tenant_id: int) -> bool:
 
 async def choose_pool(model: str, tenant_id: int, region: str,
                       allowed: frozenset[str], *, served_only: bool = True) -> PoolInfo:
-    """The pool for a request that names no route. ``served_only``: only pools a live worker
-    serves (a resumed stream, already in Redis, needs none)."""
+    """The pool for a new request. ``served_only``: only pools a live worker serves (a
+    resumed stream, already in Redis, needs none). New requests go through the router
+    (gateway.inference.routes), which asks the same of each pool's breaker."""
     pools = await candidate_pools(model, tenant_id, region, allowed)
     pools = await served(pools) if served_only else pools
     if not pools:
-        # Configured, but no worker runs it: refused now, before anything is charged, rather
-        # than queued until the first-token deadline.
-        raise unavailable(f"No worker is serving `{model}` right now; retry shortly.",
-                          retry_after=5, code="model_not_served")
+        raise not_served(model)
     if len(pools) == 1:
         return pools[0]
     loads = await pool_loads(pools)
     return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
 
 
+def not_served(model: str) -> ApiError:
+    """Configured, but no worker runs it: refused now, before anything is charged, rather
+    than queued until the first-token deadline."""
+    return unavailable(f"No worker is serving `{model}` right now; retry shortly.",
+                       retry_after=5, code="model_not_served")
+
+
 async def candidate_pools(model: str, tenant_id: int, region: str,
                           allowed: frozenset[str]) -> list[PoolInfo]:
     """Every pool that may serve this tenant ``model`` (no route configured): dedicated ones
-    only when it has any. 404 for a model it cannot see, 503 when none is enabled here."""
+    only when it has any. 404 for a model it cannot see, 503 when none is enabled here.
+    Whether a worker serves them is the caller's question (``served``, the breakers)."""
     cat = await catalog()
     pools: list[PoolInfo]
     if model in cat.models:

@@ -34,7 +34,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from gateway.inference.errors import ApiError, model_not_found, unavailable
-from gateway.inference.pools import PoolInfo, candidate_pools, catalog
+from gateway.inference.pools import PoolInfo, candidate_pools, catalog, not_served
 from gateway.orm import in_thread
 from infra.pool_workers import queue_live_workers, queue_load
 from infra.redis_conn import get_async_redis, pool_key
@@ -251,6 +251,8 @@ class Router:
             if found is not None:
                 return found
         why = sorted(set(self.reasons.values())) or ["unavailable"]
+        if why == ["no live worker"]:
+            raise not_served(self.model)  # the same refusal as the model listing's (compat)
         raise unavailable(f"No deployment of `{self.model}` can serve this request right now "
                           f"({', '.join(why)}); please retry shortly.", retry_after=2,
                           code="model_unavailable")
