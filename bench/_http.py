@@ -35,7 +35,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 
 from infra.redis_conn import get_redis, key  # noqa: E402
-from metering.keys import pending_key, pools_key  # noqa: E402
+from metering.keys import pending_key, pool_names  # noqa: E402
 from tenants.keys import issue_key  # noqa: E402
 from tenants.models import Pool, Quota, ServedModel, Tenant, Tier  # noqa: E402
 from tests import procs  # noqa: E402
@@ -154,7 +154,7 @@ class System:
 
     def usage_records(self) -> list[dict[str, Any]]:
         r = get_redis()
-        raw = [x for p in r.smembers(pools_key()) for x in r.lrange(pending_key(p.decode()), 0, -1)]
+        raw = [x for p in pool_names(r) for x in r.lrange(pending_key(p), 0, -1)]
         return [json.loads(x) for x in raw]
 
 

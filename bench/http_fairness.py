@@ -66,9 +66,12 @@ from _http import (
 )
 from http_noisy_neighbour import workload as design_workload
 
+from infra.redis_conn import get_redis
+from metering import fairness, writer
+from serving.tokenization import load_tokenizer
 from serving.wfq import Wfq
+from tenants.models import Tenant
 from workers.engine.simulated import CORPUS
-from workers.tokenization import load_tokenizer
 
 SLOTS = 8
 POOL_RATE = 2000.0  # decode tokens/s of the whole pool
@@ -219,6 +222,19 @@ class Load:
         run_async(go())
 
 
+def gauge_shares(system: System, weights: dict[str, float],
+                 window: tuple[float, float]) -> dict[str, float]:
+    """The shares the gateway exports (igw_fair_service_share, metering.fairness), over the
+    bench's own window: the settled requests' usage records written first, as the usage
+    writer does in production."""
+    writer.flush()
+    found = fairness.figures(get_redis(), system.pool_name, since=window[0], until=window[1])
+    ids = dict(Tenant.objects.filter(slug__in=[f"bench-{t}" for t in weights])
+               .values_list("slug", "pk"))
+    return {t: (found.tenants[str(ids[f"bench-{t}"])].service_share
+                if str(ids[f"bench-{t}"]) in found.tenants else 0.0) for t in weights}
+
+
 def drain(system: System, window_s: float, timeout: float = 120.0) -> None:
     """Between scenarios: the pool's queue empty and every tenant out of the active window."""
     wfq, deadline = Wfq(), time.monotonic() + timeout
@@ -362,9 +378,15 @@ class Bench:
             clients += [load.closed(tenant, make, seconds)
                         for _ in range(self.profile.concurrency)]
         load.run(seconds, [], clients)
-        figures = service_figures(load.sent, weights, (2.0, seconds), load.start)
+        # The window on whole wall-clock seconds, the gauges' grain (metering.fairness).
+        wall_start = load.start + time.time() - time.perf_counter()
+        window = (math.ceil(wall_start + 2.0) - wall_start,
+                  math.floor(wall_start + seconds) - wall_start)
+        figures = service_figures(load.sent, weights, window, load.start)
         figures["failed"] = sum(s.result.status not in (0, 200) for s in load.sent)
         drain(self.system, self.profile.window_s)
+        figures["gauge_shares"] = gauge_shares(self.system, weights,
+                                               (wall_start + window[0], wall_start + window[1]))
         return figures
 
     def design(self, small: tuple[str, ...], noisy: str) -> dict[str, Any]:
@@ -605,8 +627,10 @@ def details(runs: list[dict[str, Any]]) -> list[str]:
             lines.append(f"  {policy:<5}{name:<16}{small}{flood}")
         elif name in ("mixed", "weights"):
             shares = ", ".join(f"{t} {v:.3f}" for t, v in r["shares"].items())
+            gauges = ", ".join(f"{t} {v:.3f}" for t, v in r.get("gauge_shares", {}).items())
             lines.append(f"  {policy:<5}{name:<16}shares {shares} (run 1); "
                          f"service {statistics.median(med(runs, policy, name, 'rate')):,.0f}/s")
+            lines.append(f"  {'':<5}{'':<16}exported igw_fair_service_share {gauges} (run 1)")
         elif name.startswith("design"):
             lines.append(f"  {policy:<5}{name:<16}small TTFT p50/p95/max "
                          f"{r['small']['p50']:.2f} / {r['small']['p95']:.2f} / "

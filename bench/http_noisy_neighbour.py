@@ -77,7 +77,7 @@ def main() -> None:
                         help="running sequences per engine (the pool rate is shared by them)")
     parser.add_argument("--plot")
     args = parser.parse_args()
-    from workers.tokenization import load_tokenizer
+    from serving.tokenization import load_tokenizer
 
     prompt = len(load_tokenizer(None).apply_chat_template(
         stream_body("x", 1)["messages"]))

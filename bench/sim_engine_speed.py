@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from serving.tokenization import load_tokenizer
 from workers.engine.base import EngineRequest, SamplingParams
 from workers.engine.clock import VirtualClock
 from workers.engine.simulated import CORPUS, SimConfig, SimulatedEngine
-from workers.tokenization import load_tokenizer
 
 TARGET = 100_000
 

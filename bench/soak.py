@@ -51,7 +51,7 @@ from _http import (
 )
 
 from infra.redis_conn import get_redis, pool_key
-from metering.keys import pending_key, pools_key, processing_key
+from metering.keys import pending_key, pool_names, processing_key
 from serving.admission import counter_key
 
 BIG = 10**9
@@ -236,7 +236,7 @@ def records_of_run(tenant_ids: set[int]) -> dict[str, dict[str, Any]]:
         out[rec["request_id"]] = rec
     r = get_redis()
     raws = []
-    for pool in (p.decode() for p in r.smembers(pools_key())):
+    for pool in pool_names(r):
         raws += r.lrange(pending_key(pool), 0, -1) + r.lrange(processing_key(pool), 0, -1)
     for raw in raws:
         rec = json.loads(raw)

@@ -10,9 +10,10 @@ level="$(printf '%s' "${LOG_LEVEL:-info}" | tr '[:upper:]' '[:lower:]')"
 case "$role" in
   gateway)
     grace="$(printf '%.0f' "${GATEWAY_SHUTDOWN_SECONDS:-5}")"
-    exec "$py" -m uvicorn gateway.asgi:application --host 0.0.0.0 --port "${PORT:-8000}" \
-      --http gateway.httpproto:BoundedHttpToolsProtocol --timeout-graceful-shutdown "$grace" \
-      --workers "${GATEWAY_PROCESSES:-1}" "$@" ;;
+    # infra/uvicorn_command.py writes the uvicorn command line (--no-proxy-headers, the
+    # bounded HTTP protocol) for every way the gateway starts, and execs it.
+    exec "$py" -m infra.uvicorn_command --host 0.0.0.0 --port "${PORT:-8000}" \
+      --timeout-graceful-shutdown "$grace" --workers "${GATEWAY_PROCESSES:-1}" "$@" ;;
   worker)
     pool="${1:-${ENGINE_POOL:?worker needs a pool name: worker POOL or ENGINE_POOL}}"
     [ "$#" -gt 0 ] && shift

@@ -28,7 +28,9 @@ def _use_gateway_redis(sender: Celery, **_: object) -> None:
     if not settings.CELERY_BROKER_URL and settings.REDIS_SENTINEL_NODES:
         # Through the same sentinels (kombu's sentinel:// transport): the broker follows a
         # failover as the gateway's clients do.
-        db = parse_url(settings.REDIS_URL).get("db", 0) if settings.REDIS_URL else 0
+        # redis-py leaves parse_url unannotated.
+        db = parse_url(settings.REDIS_URL).get(  # type: ignore[no-untyped-call]
+            "db", 0) if settings.REDIS_URL else 0
         url = ";".join(f"sentinel://{h}:{p}/{db}" for h, p in settings.REDIS_SENTINEL_NODES)
         master = {"master_name": settings.REDIS_SENTINEL_MASTER}
         sender.conf.broker_transport_options = {**settings.CELERY_BROKER_TRANSPORT_OPTIONS,
@@ -36,8 +38,7 @@ def _use_gateway_redis(sender: Celery, **_: object) -> None:
         sender.conf.result_backend_transport_options = master
     else:
         url = settings.CELERY_BROKER_URL or redis_url()
-    sender.conf.broker_url = url
-    sender.conf.result_backend = url
+    sender.conf.update(broker_url=url, result_backend=url)
 
 
 app.autodiscover_tasks()
@@ -68,6 +69,7 @@ PERIODIC_TASKS: tuple[tuple[str, float, str], ...] = (
     ("workers.janitor_sweep", janitor_every_s(), "janitor sweep"),
     ("metering.flush_usage", 2.0, "flush usage records"),
     ("metering.rollup_usage", 30.0, "roll up usage by hour"),
+    ("metering.purge_request_log", 3600.0, "purge the request log past its retention"),
     ("contentlog.drain", 2.0, "write content log"),
     ("contentlog.purge_expired", 300.0, "purge expired content"),
     ("billing.check_spend_alerts", 60.0, "spend alerts"),

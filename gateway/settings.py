@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 
 from gateway.env import (
     ImproperSetting,
@@ -24,6 +25,10 @@ from gateway.env import (
     env_str,
     require_production_secrets,
 )
+
+# Django's ModelForm, ModelAdmin... are generic in the type stubs only: this makes ModelForm[M]
+# valid at run time too, so modules can name the model they hold (mypy --strict asks for it).
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GATEWAY_VAR_DIR", str(BASE_DIR / "var")))
@@ -234,6 +239,23 @@ GATEWAY_ADMIN_PASSWORD = env_str("GATEWAY_ADMIN_PASSWORD", "")
 # Serving: the simulated engine's pool and heartbeat timing.
 WORKER_HEARTBEAT_SECONDS = env_float("WORKER_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
 WORKER_DEAD_AFTER_SECONDS = env_float("WORKER_DEAD_AFTER_SECONDS", 5.0, minimum=0.2)
+# Pool circuit breakers (serving/health.py): this many consecutive retryable failures before
+# the first token open a pool's breaker; it stays open this long, then lets one probe through
+# per probe window. A pool with no live worker is refused at once, whatever its breaker says.
+BREAKER_FAILURES = env_int("BREAKER_FAILURES", 3, minimum=1)
+BREAKER_COOLDOWN_SECONDS = env_float("BREAKER_COOLDOWN_SECONDS", 5.0, minimum=0.0)
+BREAKER_PROBE_SECONDS = env_float("BREAKER_PROBE_SECONDS", 10.0, minimum=0.1)
+# Routes (gateway/inference/routes.py): attempts on other targets after a retryable failure
+# before the first token, unless the route sets its own count.
+ROUTE_RETRIES = env_int("ROUTE_RETRIES", 2, minimum=0)
+# The exact-match response cache (opt-in per tenant, key or request; docs/adr: the cache): an
+# entry lives this long, a tenant holds at most this many, and a larger answer is not cached.
+RESPONSE_CACHE_TTL_SECONDS = env_float("RESPONSE_CACHE_TTL_SECONDS", 300.0, minimum=1.0)
+RESPONSE_CACHE_MAX_ENTRIES = env_int("RESPONSE_CACHE_MAX_ENTRIES", 1000, minimum=1)
+RESPONSE_CACHE_MAX_ENTRY_BYTES = env_int("RESPONSE_CACHE_MAX_ENTRY_BYTES", 262_144, minimum=1024)
+# manage.py serve looks at the pool table this often, and starts, stops or restarts the pool
+# workers of pools added, disabled or changed meanwhile.
+SERVE_POOL_POLL_SECONDS = env_float("SERVE_POOL_POLL_SECONDS", 1.0, minimum=0.1)
 # Gateway liveness (serving.liveness): a dead gateway's unread requests are cancelled.
 GATEWAY_HEARTBEAT_SECONDS = env_float("GATEWAY_HEARTBEAT_SECONDS", 1.0, minimum=0.05)
 GATEWAY_DEAD_AFTER_SECONDS = env_float("GATEWAY_DEAD_AFTER_SECONDS", 10.0, minimum=0.2)
@@ -327,12 +349,21 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # A 401/403/404/405/429 is a refusal the API meant to give: one line, no traceback
+    # (infra.quietlog). Django's own "django" handlers are replaced by the root's, so a request
+    # is not logged twice (once by Django's console handler, once by the root's).
+    "filters": {"expected_refusals": {"()": "infra.quietlog.ExpectedRefusals"},
+                "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"},
+                 "mail_admins": {"level": "ERROR", "filters": ["require_debug_false"],
+                                 "class": "django.utils.log.AdminEmailHandler"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # Beat runs the janitor, usage flush and content-log drain every few seconds; one line per
     # task run would drown everything else at INFO.
     "loggers": {
-        name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")
+        **{name: {"level": "WARNING"} for name in ("celery.app.trace", "celery.worker.strategy")},
+        "django": {"handlers": ["mail_admins"], "level": "INFO", "propagate": True},
+        "django.request": {"filters": ["expected_refusals"], "propagate": True},
     },
 }
 
@@ -342,12 +373,22 @@ LOGGING = {
 CONTENT_LOG_MASTER_KEYS = env_str("CONTENT_LOG_MASTER_KEYS", "")
 CONTENT_LOG_MAX_RETENTION_DAYS = 30  # the policy's ceiling, not a knob
 CONTENT_LOG_MAX_PENDING = env_int("CONTENT_LOG_MAX_PENDING", 100_000, minimum=1)
+# The tenants' request log (metering.requestlog): how long entries are kept, and how many
+# refusals may wait in Redis for the writer (the newest are kept).
+REQUEST_LOG_RETENTION_DAYS = env_int("REQUEST_LOG_RETENTION_DAYS", 30, minimum=1)
+REQUEST_LOG_MAX_PENDING = env_int("REQUEST_LOG_MAX_PENDING", 100_000, minimum=1)
+# Fairness as an SLO (metering.fairness): the sliding window of the igw_fair_* gauges.
+FAIRNESS_WINDOW_SECONDS = env_int("FAIRNESS_WINDOW_SECONDS", 60, minimum=5)
 # Break-glass: self-approval (with an alert to ADMINS) only if explicitly allowed.
 BREAKGLASS_SELF_APPROVAL = env_bool("BREAKGLASS_SELF_APPROVAL", False)
 BREAKGLASS_MAX_MINUTES = env_int("BREAKGLASS_MAX_MINUTES", 8 * 60, minimum=1)
 ADMINS = [("Platform", a) for a in env_list("ADMIN_EMAILS", [])]
 # OIDC bearer tokens (tenants.oidc): clock skew allowed on exp/nbf, JWKS caching.
 OIDC_LEEWAY_SECONDS = env_int("OIDC_LEEWAY_SECONDS", 30, minimum=0)
+# Big prompts are tokenized in this many processes per gateway process (gateway.inference.
+# tokenize_pool); a tenant whose prompts are refused for size this often in a minute gets 429s.
+TOKENIZE_PROCESSES = env_int("TOKENIZE_PROCESSES", 2, minimum=1)
+OVERSIZE_REFUSALS_PER_MINUTE = env_int("OVERSIZE_REFUSALS_PER_MINUTE", 10, minimum=1)
 OIDC_JWKS_CACHE_SECONDS = env_int("OIDC_JWKS_CACHE_SECONDS", 300, minimum=1)
 OIDC_JWKS_MIN_REFRESH_SECONDS = env_float("OIDC_JWKS_MIN_REFRESH_SECONDS", 30.0, minimum=0.0)
 OIDC_HTTP_TIMEOUT_SECONDS = env_float("OIDC_HTTP_TIMEOUT_SECONDS", 3.0, minimum=0.1)
@@ -355,6 +396,13 @@ OIDC_HTTP_TIMEOUT_SECONDS = env_float("OIDC_HTTP_TIMEOUT_SECONDS", 3.0, minimum=
 # only from peers in TRUSTED_PROXY_CIDRS; from anyone else they are ignored.
 # The same list decides whose X-Forwarded-For is believed (infra.clientaddr).
 TRUSTED_PROXY_CIDRS = env_cidrs("TRUSTED_PROXY_CIDRS")
+# The one header the trusted proxy writes the client address into: x-forwarded-for (nginx
+# $proxy_add_x_forwarded_for, ALB, Envoy), forwarded (RFC 7239) or x-real-ip. Any other
+# forwarded header is the client's own and is ignored (infra.clientaddr).
+TRUSTED_PROXY_HEADER = env_str("TRUSTED_PROXY_HEADER", "x-forwarded-for").lower()
+if TRUSTED_PROXY_HEADER not in ("x-forwarded-for", "forwarded", "x-real-ip"):
+    raise ImproperSetting("TRUSTED_PROXY_HEADER must be x-forwarded-for, forwarded or "
+                          "x-real-ip")
 MTLS_CERT_HEADER = env_str("MTLS_CERT_HEADER", "X-SSL-Client-Cert")
 MTLS_FINGERPRINT_HEADER = env_str("MTLS_FINGERPRINT_HEADER", "X-SSL-Client-Fingerprint")
 # Portal SSO (gateway.sso, mozilla-django-oidc), configured per tenant on its IdentityProvider.

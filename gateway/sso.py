@@ -73,7 +73,8 @@ def map_sso_user(provider: IdentityProvider, claims: dict[str, Any]) -> Abstract
     """The local user and membership for an identity the provider vouched for."""
     subject = oidc.subject_of(claims, provider)
     email_claim = (provider.claim_mapping or {}).get("email", "email")
-    email = claims.get(email_claim) if isinstance(claims.get(email_claim), str) else ""
+    claimed = claims.get(email_claim)
+    email = claimed if isinstance(claimed, str) else ""
     role = role_from_claims(provider, claims)
     user_model = get_user_model()
     with transaction.atomic():
@@ -99,7 +100,8 @@ def map_sso_user(provider: IdentityProvider, claims: dict[str, Any]) -> Abstract
     return user
 
 
-class TenantOIDCBackend(OIDCAuthenticationBackend):
+# mozilla-django-oidc ships no type information: its classes are Any to mypy.
+class TenantOIDCBackend(OIDCAuthenticationBackend):  # type: ignore[misc]
     """mozilla-django-oidc's backend, configured from the provider chosen at login."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -144,18 +146,19 @@ class TenantOIDCBackend(OIDCAuthenticationBackend):
             raise SuspiciousOperation(str(exc)) from exc
 
 
-class TenantSSOLoginView(OIDCAuthenticationRequestView):
+class TenantSSOLoginView(OIDCAuthenticationRequestView):  # type: ignore[misc]  # untyped, as above
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super(OIDCAuthenticationRequestView, self).__init__(*args, **kwargs)
 
-    def get(self, request: HttpRequest, provider_id: int) -> HttpResponse:  # type: ignore[override]
+    def get(self, request: HttpRequest, provider_id: int) -> HttpResponse:
         provider = IdentityProvider.objects.filter(pk=provider_id, sso_enabled=True).first()
         if provider is None or not provider.sso_authorization_endpoint:
             raise Http404("no such sign-in provider")
         self.OIDC_OP_AUTH_ENDPOINT = provider.sso_authorization_endpoint
         self.OIDC_RP_CLIENT_ID = provider.sso_client_id
         request.session[SESSION_KEY] = provider.pk
-        return super().get(request)
+        response: HttpResponse = super().get(request)  # the library's redirect to the provider
+        return response
 
 
 app_name = "sso"

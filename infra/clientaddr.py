@@ -2,7 +2,8 @@
 
 uvicorn runs with ``--no-proxy-headers`` (``manage.py serve``, ``tests/procs.py``), so
 ``scope["client"]`` is always the TCP peer. A peer in ``TRUSTED_PROXY_CIDRS`` is a proxy we
-run; only then are ``X-Forwarded-For`` / ``Forwarded`` believed, and only as far as the chain
+run; only then is the one header it writes (``TRUSTED_PROXY_HEADER``: ``x-forwarded-for``,
+``forwarded`` or ``x-real-ip``) believed, never another one, and only as far as the chain
 stays inside trusted proxies: walking from the right (the hop nearest to us), the first address
 that is not a trusted proxy is the client. Anything to its left was written by the client and
 proves nothing. From any other peer forwarded headers are ignored, and ``RealClientMiddleware``
@@ -58,23 +59,37 @@ def is_trusted_proxy(address: str | Address | None) -> bool:
         ip in net for net in _networks(tuple(settings.TRUSTED_PROXY_CIDRS)))
 
 
-def _forwarded_for(headers: Iterable[tuple[str, str]]) -> list[str]:
-    """The forwarded chain, left (client) to right (nearest proxy), from every header copy.
+PROXY_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip")
 
-    ``Forwarded`` (RFC 7239) wins when present; several header lines are one list in order.
+
+def proxy_header() -> str:
+    """The one header our proxy writes the client into (``TRUSTED_PROXY_HEADER``)."""
+    name = str(getattr(settings, "TRUSTED_PROXY_HEADER", "x-forwarded-for")).lower()
+    return name if name in PROXY_HEADERS else "x-forwarded-for"
+
+
+def _forwarded_for(headers: Iterable[tuple[str, str]]) -> list[str]:
+    """The forwarded chain, left (client) to right (nearest proxy), from every copy of the one
+    header the deployment names (several header lines are one list, in order).
+
+    Only that header: a proxy appends to its own header and passes the others through (nginx,
+    ALB and Envoy pass ``Forwarded`` on untouched), so any other forwarded header is the
+    client's writing, and reading it would let the client name itself (review 3, N6).
     """
-    forwarded: list[str] = []
-    xff: list[str] = []
+    wanted = proxy_header()
+    chain: list[str] = []
     for name, value in headers:
-        if name == "forwarded":
+        if name != wanted:
+            continue
+        if wanted == "forwarded":
             for element in value.split(","):
                 for pair in element.split(";"):
                     key, _, val = pair.strip().partition("=")
                     if key.strip().lower() == "for":
-                        forwarded.append(val.strip())
-        elif name == "x-forwarded-for":
-            xff.extend(part.strip() for part in value.split(","))
-    return forwarded or xff
+                        chain.append(val.strip())
+        else:
+            chain.extend(part.strip() for part in value.split(","))
+    return chain
 
 
 def decide(peer: str | None, headers: Iterable[tuple[str, str]]) -> str | None:
@@ -145,5 +160,5 @@ class RealClientMiddleware(MiddlewareMixin):
             return
         headers = [(name[5:].lower().replace("_", "-"), str(value))
                    for name, value in meta.items()
-                   if name in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED")]
+                   if name in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")]
         meta["REMOTE_ADDR"] = decide(peer, headers) or peer

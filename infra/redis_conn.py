@@ -265,6 +265,11 @@ def get_async_redis() -> aioredis.Redis:
     return async_clients.get()
 
 
+def text(value: object) -> str:
+    """A Redis reply element as text (redis-py hands back bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def key(*parts: object) -> str:
     """A namespaced Redis key: ``key("bucket", tenant_id)`` -> ``igw:bucket:42``."""
     return ":".join([settings.REDIS_KEY_PREFIX, *(str(p) for p in parts)])

@@ -7,23 +7,33 @@ changelist skips the unfiltered full count.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from django.contrib import admin
 from django.core.paginator import Paginator
+from django.db.models import Model, QuerySet
 from django.utils.functional import cached_property
 
+from metering.admin_fairness import FairnessAdminMixin
 from metering.models import UsageRecord, UsageRollup
 
 
-class CappedCountPaginator(Paginator):
+class CappedCountPaginator(Paginator[Model]):
     CAP = 10_000
 
     @cached_property
     def count(self) -> int:
+        rows = self.object_list
+        if not isinstance(rows, QuerySet):  # a list: no table to bound
+            return len(rows)
         # SELECT COUNT(*) FROM (SELECT ... LIMIT CAP): bounded work whatever the table size.
-        return self.object_list[: self.CAP].count()
+        return rows[: self.CAP].count()
 
 
-class _ReadOnly(admin.ModelAdmin):
+_M = TypeVar("_M", bound=Model)
+
+
+class _ReadOnly(admin.ModelAdmin[_M]):
     def has_add_permission(self, request: object) -> bool:
         return False
 
@@ -51,7 +61,7 @@ def counted(field: str, label: str | None = None):  # type: ignore[no-untyped-de
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(_ReadOnly):
+class UsageRecordAdmin(FairnessAdminMixin, _ReadOnly[UsageRecord]):
     # The columns a 1366 px screen shows without a sideways scroll; a row's page has the rest
     # (request id, pool, cached tokens, total time, finish reason).
     list_display = ("finished_at", "tenant", "api_key", "model_name",
@@ -68,7 +78,7 @@ class UsageRecordAdmin(_ReadOnly):
 
 
 @admin.register(UsageRollup)
-class UsageRollupAdmin(_ReadOnly):
+class UsageRollupAdmin(_ReadOnly[UsageRollup]):
     list_display = ("hour", "tenant", "api_key", "model_name", counted("requests"),
                     counted("errors"), counted("prompt_tokens"), counted("cached_tokens"),
                     counted("completion_tokens"))

@@ -8,7 +8,10 @@ pool in ``pools_key()``.
 
 from __future__ import annotations
 
-from infra.redis_conn import key, pool_tag
+import redis
+import redis.asyncio as aioredis
+
+from infra.redis_conn import key, pool_tag, tag, text
 
 
 def pools_key() -> str:
@@ -18,6 +21,17 @@ def pools_key() -> str:
     the janitor and the usage writer, which walk the pools, miss none.
     """
     return key("pools")
+
+
+def pool_names(r: redis.Redis) -> list[str]:
+    """The pools in ``pools_key()``, sorted: what the janitor, the usage writer and the
+    metrics walk."""
+    return sorted(text(p) for p in r.smembers(pools_key()))
+
+
+async def pool_names_async(r: aioredis.Redis) -> list[str]:
+    """``pool_names`` for an asyncio client."""
+    return sorted(text(p) for p in await r.smembers(pools_key()))
 
 
 def pending_key(pool: str) -> str:
@@ -39,3 +53,16 @@ def dead_key() -> str:
 
 def dirty_hours_key() -> str:
     return key("usage", "dirty_hours")
+
+
+def refusals_pending_key() -> str:
+    """Refused requests (JSON, no content) the gateway pushed for the request log."""
+    return key("reqlog", tag("q", "reqlog"), "pending")
+
+
+def refusals_processing_key() -> str:
+    return key("reqlog", tag("q", "reqlog"), "processing")
+
+
+def refusals_lease_key() -> str:
+    return key("reqlog", tag("q", "reqlog"), "lease")

@@ -18,12 +18,10 @@ live in Redis hashes that any process renders:
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from django.conf import settings
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -33,8 +31,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from infra import quietlog
+from infra.pool_workers import queue_live_workers, queue_load
 from infra.redis_conn import get_redis, key, pool_key, tenant_key
-from metering.keys import pools_key
+from metering import fairness, overhead
+from metering.keys import pool_names
 from metering.models import UsageRecord
 from tenants.models import Tenant
 
@@ -120,6 +121,10 @@ class RedisCollector(Collector):
         for pk, n in streams.items():
             active.add_metric([tenants[pk]], n)
         yield active
+        yield _repeated_log_events(r)
+        yield overhead.histogram(r.hgetall(overhead.overhead_key()))
+        pools = pool_names(r)
+        yield from fairness.metrics(r, pools, slug)
         yield from _pool_metrics(r)
 
 
@@ -179,20 +184,28 @@ def _tenant_model_metrics(per_tm: Series,
         yield family
 
 
+def _repeated_log_events(r: Any) -> Metric:
+    """Warnings that fire per request are logged once a minute and counted here (quietlog)."""
+    family = CounterMetricFamily(f"{PREFIX}_repeated_log_events", "Occurrences of warnings "
+                                 "that are rate-limited in the log, by event.", labels=["event"])
+    for event, n in sorted(r.hgetall(quietlog.counts_key()).items()):
+        family.add_metric([event.decode()], float(n))
+    return family
+
+
 def _pool_metrics(r: Any) -> Iterator[Metric]:
     """Per pool, from the queue and the live workers' heartbeat load (two pipelined trips)."""
-    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
-    pools = sorted(p.decode() for p in r.smembers(pools_key()))
+    pools = pool_names(r)
     pipe = r.pipeline(transaction=False)
     for pool in pools:
         pipe.hlen(pool_key("wfq", pool, "items"))
-        pipe.zrangebyscore(pool_key("workers", pool), cutoff, "+inf")
+        queue_live_workers(pipe, pool)
     first = pipe.execute()
     pipe = r.pipeline(transaction=False)
     owners = []
     for i, pool in enumerate(pools):
         for wid in first[2 * i + 1]:
-            pipe.hmget(pool_key("worker", pool, wid.decode(), "load"), *LOAD_FIELDS)
+            queue_load(pipe, pool, wid, *LOAD_FIELDS)
             owners.append(pool)
     rows: dict[str, dict[str, float]] = {
         pool: defaultdict(float, queued=float(first[2 * i])) for i, pool in enumerate(pools)}

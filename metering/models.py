@@ -8,12 +8,16 @@ deleted meanwhile (the bill outlives the key), and the writer must never fail a 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from django.db import models
 
 from tenants.models import ApiKey, Tenant
 
+_M = TypeVar("_M", bound=models.Model)
 
-def _loose_fk(to: type[models.Model]) -> models.ForeignKey:
+
+def _loose_fk(to: type[_M]) -> models.ForeignKey[_M | None, _M | None]:
     return models.ForeignKey(
         to, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", null=True
     )
@@ -41,6 +45,10 @@ class UsageRecord(models.Model):
     finish_reason = models.CharField(max_length=32, blank=True)
     error_code = models.CharField(max_length=64, blank=True)
     stream = models.BooleanField(default=False)
+    end_user = models.CharField(
+        max_length=256, blank=True, default="",
+        help_text="Who the request was for inside the tenant (its safety_identifier or user, "
+                  "or the tenant's end-user header): an identifier, never content.")
     started_at = models.DateTimeField(help_text="Admitted (tokens charged).")
     finished_at = models.DateTimeField(help_text="Settled.")
     recorded_at = models.DateTimeField(auto_now_add=True)
@@ -80,3 +88,42 @@ class UsageRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H:00} tenant {self.tenant_id} {self.model_name}"
+
+
+class RequestLogEntry(models.Model):
+    """One request as its tenant sees it in the request log: admitted or refused (429s too).
+
+    Counts, codes and timings only, never content. Written off the request path by the usage
+    writer (metering.requestlog), kept ``REQUEST_LOG_RETENTION_DAYS`` then purged; the bill is
+    ``UsageRecord``, which this table neither replaces nor feeds.
+    """
+
+    request_id = models.CharField(max_length=64, unique=True)
+    at = models.DateTimeField(help_text="When the request ended (settled or refused).")
+    tenant = _loose_fk(Tenant)
+    api_key = _loose_fk(ApiKey)
+    # Filled once projects exist (a nullable id, so the later foreign key changes no data).
+    project_id = models.BigIntegerField(null=True, blank=True)
+    end_user = models.CharField(max_length=256, blank=True,
+                                help_text="The request's `user` / `safety_identifier`.")
+    model_name = models.CharField(max_length=128)
+    pool_name = models.CharField(max_length=64, blank=True)
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, help_text="ok, cancelled, error, expired or "
+                              "refused (never admitted: nothing was charged).")
+    error_code = models.CharField(max_length=64, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    total_ms = models.PositiveIntegerField(null=True, blank=True)
+    stream = models.BooleanField(default=False)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "-at"], name="reqlog_tenant_at_idx"),
+            models.Index(fields=["at"], name="reqlog_at_idx"),  # the retention purge
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.status} {self.error_code}".strip()

@@ -16,7 +16,7 @@ from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 
 from infra.leased_queue import Lease
-from infra.redis_conn import get_redis, key
+from infra.redis_conn import get_redis, key, text
 from metering.keys import dirty_hours_key
 from metering.models import UsageRecord, UsageRollup
 
@@ -72,7 +72,7 @@ def rollup_dirty(limit: int = 48) -> list[datetime] | None:
     try:
         marks = client.hgetall(dirty_hours_key())
         for raw, version in sorted(marks.items())[:limit]:
-            hour = datetime.fromisoformat(raw.decode())
+            hour = datetime.fromisoformat(text(raw))
             rollup_hour(hour)
             client.register_script(_CLEAR)(keys=[dirty_hours_key()], args=[raw, version])
             done.append(hour)

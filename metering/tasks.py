@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from metering import rollups, writer
+from metering import requestlog, rollups, writer
 
 
 @shared_task(name="metering.flush_usage", ignore_result=True)
@@ -23,3 +23,8 @@ def rollup_usage() -> int:
     # Flush first so the rollup sees everything settled so far.
     writer.flush()
     return len(rollups.rollup_dirty() or [])
+
+
+@shared_task(name="metering.purge_request_log", ignore_result=True)
+def purge_request_log() -> int:
+    return requestlog.purge()

@@ -29,16 +29,16 @@ from django.db import transaction
 
 from infra.leased_queue import LeasedQueue
 from infra.redis_conn import get_redis
-from metering import metrics
+from metering import fairness, metrics, requestlog
 from metering.keys import (
     dead_key,
     dirty_hours_key,
     lease_key,
     pending_key,
-    pools_key,
+    pool_names,
     processing_key,
 )
-from metering.models import UsageRecord
+from metering.models import RequestLogEntry, UsageRecord
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,11 @@ def flush(batch_size: int = BATCH_SIZE, max_batches: int = 100) -> FlushResult |
     right now (and there is a pool)."""
     client = get_redis()
     result, held = FlushResult(), 0
-    pools = sorted(p.decode() for p in client.smembers(pools_key()))
+    pools = pool_names(client)
     for pool in pools:
         held += not _flush_pool(client, _queue(pool), batch_size, max_batches, result)
+    # Refused requests have no usage record: their request-log entries have their own queue.
+    requestlog.flush_refusals(client)
     return None if pools and held == len(pools) else result
 
 
@@ -91,9 +93,13 @@ def _flush_pool(client: Any, queue: LeasedQueue, batch_size: int, max_batches: i
 
 def _write_batch(client: Any, queue: LeasedQueue, token: str, raw: list[bytes],
                  result: FlushResult) -> bool:
-    records, bad = parse_batch(raw)
+    pairs, bad = parse_pairs(raw)
+    records = [record for record, _ in pairs]
     with transaction.atomic():
         created = UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
+        # The tenants' request log, in the same transaction: an entry exactly when a record.
+        RequestLogEntry.objects.bulk_create(requestlog.entries_from_usage(pairs),
+                                            ignore_conflicts=True)
     result.claimed += len(raw)
     result.inserted += len(created)
     result.rejected += len(bad)
@@ -109,6 +115,7 @@ def _write_batch(client: Any, queue: LeasedQueue, token: str, raw: list[bytes],
         # A version per hour, not a set member: see metering.rollups for why.
         pipe.hincrby(dirty_hours_key(), hour.isoformat(), 1)
     metrics.add_records(pipe, records)
+    fairness.add_records(pipe, pairs)
     pipe.execute()
     released = queue.release(client, token)
     if not released:
@@ -117,16 +124,24 @@ def _write_batch(client: Any, queue: LeasedQueue, token: str, raw: list[bytes],
 
 
 def parse_batch(raw: Iterable[bytes]) -> tuple[list[UsageRecord], list[bytes]]:
-    records: dict[str, UsageRecord] = {}
+    pairs, bad = parse_pairs(raw)
+    return [record for record, _ in pairs], bad
+
+
+def parse_pairs(raw: Iterable[bytes]
+                ) -> tuple[list[tuple[UsageRecord, dict[str, Any]]], list[bytes]]:
+    """Each readable record with the JSON it came from (the request log reads more of it)."""
+    records: dict[str, tuple[UsageRecord, dict[str, Any]]] = {}
     bad: list[bytes] = []
     for item in raw:
         try:
-            record = record_from_json(json.loads(item))
+            data = json.loads(item)
+            record = record_from_json(data)
         except (ValueError, TypeError, KeyError) as exc:
             log.error("unreadable usage record (%s): %.200r", exc, item)
             bad.append(item)
             continue
-        records[record.request_id] = record  # a duplicate inside one batch counts once
+        records[record.request_id] = (record, data)  # a duplicate inside one batch counts once
     return list(records.values()), bad
 
 
@@ -134,9 +149,9 @@ def record_from_json(data: Mapping[str, Any]) -> UsageRecord:
     """One settlement record -> an unsaved UsageRecord (fields as settle.lua writes them)."""
     finished = _time_ms(data, "settled_at") or _time(_first(data, "finished_at", default=None))
     started = _time_ms(data, "admitted_at") or _time(_first(data, "started_at", default=None))
-    started = started or finished
     if finished is None:
         raise ValueError("no finish time")
+    started = started or finished
     return UsageRecord(
         request_id=str(_first(data, "request_id", "rid"))[:64],
         tenant_id=int(data["tenant_id"]),
@@ -153,6 +168,7 @@ def record_from_json(data: Mapping[str, Any]) -> UsageRecord:
         finish_reason=str(_first(data, "finish_reason", default=""))[:32],
         error_code=str(_first(data, "error_code", default=""))[:64],
         stream=bool(data.get("stream", False)),
+        end_user=str(data.get("end_user") or "")[:256],
         started_at=started,
         finished_at=finished,
     )

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "workers" / "assets" / "corpus" / "gateway_prose.txt"
-OUT = ROOT / "workers" / "assets" / "sim-model"
+OUT = ROOT / "serving" / "assets" / "sim-model"
 
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|pad|>"]

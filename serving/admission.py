@@ -35,6 +35,7 @@ import redis
 import redis.asyncio as aioredis
 
 from infra.redis_conn import get_async_redis, get_redis, tenant_key
+from serving.budgets import NONE, Reservation
 from serving.keys import deadlines_key, inflight_key, pools_key, req_key
 from serving.lua import script
 from serving.wire import PAYLOAD_FIELDS, text
@@ -56,6 +57,7 @@ class Reason:
     CONCURRENCY = "concurrency"
     OPEN_STREAMS = "open_streams"
     DUPLICATE = "duplicate"  # the request id was already admitted
+    INSUFFICIENT_QUOTA = "insufficient_quota"  # a budget cannot hold the reservation (OpenAI)
 
 
 # -- keys -------------------------------------------------------------------------------------
@@ -146,10 +148,17 @@ class AdmissionLimits:
 
 @dataclass(frozen=True)
 class RateLimitInfo:
-    """Values for OpenAI's ``x-ratelimit-*`` headers.
+    """Values for OpenAI's ``x-ratelimit-*`` headers, stating the reservation rule.
 
     "requests" are concurrent requests (the tightest of tenant and key); "tokens" is the emptiest
-    token bucket. ``-1`` means not limited.
+    token bucket. ``-1`` means not limited. A request reserves its whole possible size before it
+    runs: ``prompt`` tokens from the input buckets and ``n x max_tokens`` from the output ones.
+    So ``remaining_tokens`` is the bucket's level *after* this request's reservation when it
+    was admitted (the unused part comes back when it ends), and the level now when it was
+    refused; ``reserved_tokens`` (``x-ratelimit-reserved-tokens``) is what this request takes
+    from that bucket. A client paces itself by sending while its next request's reservation
+    (prompt + n x max_tokens) is at most ``remaining_tokens``: a refusal always has
+    ``reserved_tokens > remaining_tokens``.
     """
 
     limit_requests: int
@@ -157,6 +166,7 @@ class RateLimitInfo:
     limit_tokens: int
     remaining_tokens: int
     reset_tokens_s: float
+    reserved_tokens: int = -1
 
     def headers(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -168,6 +178,8 @@ class RateLimitInfo:
             out["x-ratelimit-limit-tokens"] = str(self.limit_tokens)
             out["x-ratelimit-remaining-tokens"] = str(self.remaining_tokens)
             out["x-ratelimit-reset-tokens"] = f"{round(self.reset_tokens_s, 3):g}s"
+            if self.reserved_tokens >= 0:
+                out["x-ratelimit-reserved-tokens"] = str(self.reserved_tokens)
         return out
 
 
@@ -184,6 +196,7 @@ class Rejected:
     scope: str  # "tenant" or "key" (with ":input_tokens"/":output_tokens" for too_large)
     retry_after: int  # seconds; 0 when waiting cannot help (too_large, duplicate)
     rate_limit: RateLimitInfo
+    budget_used: int = 0  # insufficient_quota: the refusing budget's spend (scope: its index)
 
     @property
     def too_large(self) -> bool:
@@ -208,12 +221,14 @@ class _AdmitCalls:
     open_keys: list[str]
     open_args: list[Any]
     pool: str
+    budgets: Reservation = NONE
 
 
 def _admit_call(
     *, request_id: str, tenant_id: object, key_id: object, pool: str, model: str,
     prompt_tokens: int, max_output_tokens: int, stream: bool, limits: AdmissionLimits,
     now: float | None, extra: Mapping[str, str | bytes | int | float] | None,
+    budgets: Reservation = NONE,
 ) -> _AdmitCalls:
     if prompt_tokens < 0 or max_output_tokens < 0:
         raise ValueError("token counts cannot be negative")
@@ -226,7 +241,8 @@ def _admit_call(
     for rate, burst in rates:
         args += [rate, burst]
     args += [limits.tenant.concurrent_requests or 0, limits.key.concurrent_requests or 0,
-             limits.tenant.open_streams or 0, limits.key.open_streams or 0]
+             limits.tenant.open_streams or 0, limits.key.open_streams or 0,
+             *budgets.admit_args()]
     fields: dict[str, Any] = {
         "p": prompt_tokens, "o": max_output_tokens, "stream": int(stream),
         "tk": tokens[0], "tw": tokens[1],
@@ -235,19 +251,26 @@ def _admit_call(
     }
     for i, (bucket, (rate, burst)) in enumerate(zip(buckets, rates, strict=True), start=1):
         fields.update({f"b{i}": bucket, f"r{i}": rate, f"x{i}": burst})
+    fields.update(budgets.req_fields())
     fields.update(extra or {})
     open_args: list[Any] = [request_id, when, backstop]
     for name, value in fields.items():
         open_args += [name, value]
-    return _AdmitCalls([*tokens, *buckets, *counter_keys(tenant_id, key_id)], args,
-                       [req_key(pool, request_id), deadlines_key(pool)], open_args, pool)
+    return _AdmitCalls([*tokens, *buckets, *counter_keys(tenant_id, key_id),
+                        *(c.key for c in budgets.charges)], args,
+                       [req_key(pool, request_id), deadlines_key(pool)], open_args, pool, budgets)
 
 
-def _parse_admit(request_id: str, raw: list[Any]) -> Admitted | Rejected:
-    ok, reason, scope, retry, lreq, rreq, ltok, rtok, reset = (text(v) for v in raw)
-    info = RateLimitInfo(int(lreq), int(rreq), int(ltok), int(rtok), float(reset))
+def _parse_admit(request_id: str, raw: list[Any], budgets: Reservation = NONE
+                 ) -> Admitted | Rejected:
+    ok, reason, scope, retry, lreq, rreq, ltok, rtok, reset, *rest = (text(v) for v in raw)
+    info = RateLimitInfo(int(lreq), int(rreq), int(ltok), int(rtok), float(reset),
+                         int(rest[0]) if rest else -1)
     if ok == "1":
         return Admitted(request_id, info)
+    if reason == Reason.INSUFFICIENT_QUOTA:  # wait until the refusing budget's period ends
+        charge = budgets.charges[int(scope) - 1]
+        return Rejected(request_id, reason, scope, charge.reset_s, info, int(rest[1]))
     return Rejected(request_id, reason, scope, int(retry), info)
 
 
@@ -259,8 +282,9 @@ def _unwind_args(calls: _AdmitCalls) -> tuple[list[str], list[Any]]:
     """release.lua giving back every charge of an admission whose open step refused the id."""
     c = calls.charge_args
     amounts = [c[2], c[3], c[2], c[3]]
-    return ([*calls.charge_keys[:6]],
-            [c[0], c[1], *amounts, *c[6:14]])
+    charges = calls.budgets.charges
+    return ([*calls.charge_keys[:6], *(b.key for b in charges)],
+            [c[0], c[1], *amounts, *c[6:14], len(charges), *(b.amount for b in charges)])
 
 
 def admit(
@@ -295,16 +319,22 @@ async def admit_async(
     *, request_id: str, tenant_id: object, key_id: object, pool: str, model: str,
     prompt_tokens: int, max_output_tokens: int, stream: bool, limits: AdmissionLimits,
     now: float | None = None, extra: Mapping[str, Any] | None = None,
-    client: aioredis.Redis | None = None,
+    client: aioredis.Redis | None = None, budgets: Reservation = NONE,
 ) -> Admitted | Rejected:
+    """Charge every limit and budget of one request or none (``serving/lua/admit.lua``), then
+    write the request on its pool's slot (``open.lua``).
+
+    ``now`` overrides Redis TIME (virtual-time simulations); ``extra`` fields go into req;
+    ``budgets`` is the request's reservation (``serving.budgets.reserve``).
+    """
     calls = _admit_call(
         request_id=request_id, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, stream=stream,
-        limits=limits, now=now, extra=extra,
+        limits=limits, now=now, extra=extra, budgets=budgets,
     )
     r = client or get_async_redis()
     raw = await script("admit").run_async(r, calls.charge_keys, calls.charge_args)
-    result = _parse_admit(request_id, raw)
+    result = _parse_admit(request_id, raw, budgets)
     if not isinstance(result, Admitted):
         return result
     # The pool joins ``pools`` (the janitor and the usage writer walk it) alongside open, on

@@ -84,9 +84,6 @@ class Share:
     def lower(self, other: Share) -> Share:
         return Share.of(min(a, b) for a, b in zip(self.figures(), other.figures(), strict=True))
 
-    def upper(self, other: Share) -> Share:
-        return Share.of(max(a, b) for a, b in zip(self.figures(), other.figures(), strict=True))
-
     def at_least_zero(self) -> Share:
         return Share.of(max(0.0, f) for f in self.figures())
 
@@ -149,17 +146,16 @@ def _share_keys(tenant_id: object) -> list[str]:
 
 
 def _step(client: redis.Redis, tenant_id: object, mode: str, floor: Share,
-          target: Share = ZERO, allowance: Share = ZERO, now: float | None = None) -> CellStep:
-    args = ["" if now is None else repr(float(now)), mode, *floor.figures(), *target.figures(),
-            *allowance.figures()]
+          target: Share = ZERO, allowance: Share = ZERO) -> CellStep:
+    # ARGV[1] '': the script reads the clock from Redis (TIME), one clock for every process.
+    args = ["", mode, *floor.figures(), *target.figures(), *allowance.figures()]
     raw = [text(v) for v in script("cell_share").run(client, _share_keys(tenant_id), args)]
     return CellStep(Share.of(raw[0:4]), Share.of(raw[4:8]), float(raw[8]))
 
 
-def read_cell(client: redis.Redis, tenant_id: object, floor: Share,
-              now: float | None = None) -> CellStep:
+def read_cell(client: redis.Redis, tenant_id: object, floor: Share) -> CellStep:
     """The share in force and the demand since the last read (which this resets)."""
-    return _step(client, tenant_id, "read", floor, now=now)
+    return _step(client, tenant_id, "read", floor)
 
 
 def peek_cell(client: redis.Redis, tenant_id: object, floor: Share) -> CellStep:
@@ -168,9 +164,9 @@ def peek_cell(client: redis.Redis, tenant_id: object, floor: Share) -> CellStep:
 
 
 def set_cell(client: redis.Redis, tenant_id: object, floor: Share, target: Share,
-             allowance: Share, now: float | None = None) -> CellStep:
+             allowance: Share) -> CellStep:
     """Move the share toward ``target``, growing no figure by more than ``allowance``."""
-    return _step(client, tenant_id, "set", floor, target, allowance, now=now)
+    return _step(client, tenant_id, "set", floor, target, allowance)
 
 
 # -- the rebalance ----------------------------------------------------------------------------
@@ -188,7 +184,7 @@ class Rebalance:
 
 
 def rebalance(tenant_id: object, quota: Share, clients: Mapping[str, redis.Redis], *,
-              floor: float, wait_replicas: int = 0, now: float | None = None) -> Rebalance:
+              floor: float, wait_replicas: int = 0) -> Rebalance:
     """One rebalance of one tenant over its cells (name -> that cell's Redis), in three phases.
 
     1. read every cell's share and demand; any cell unreachable: change nothing (its share is
@@ -202,7 +198,7 @@ def rebalance(tenant_id: object, quota: Share, clients: Mapping[str, redis.Redis
     result = Rebalance(tenant_id)
     cells = list(clients)
     base = floor_share(quota, len(cells), floor)
-    current = read_phase(tenant_id, clients, base, result, now)
+    current = read_phase(tenant_id, clients, base, result)
     if current is None:
         return result
     targets = plan(quota, result.demand, floor)
@@ -211,17 +207,17 @@ def rebalance(tenant_id: object, quota: Share, clients: Mapping[str, redis.Redis
         result.shares = current
         return result
     bounds = shrink_phase(tenant_id, clients, base, targets, current, result,
-                          wait_replicas=wait_replicas, now=now)
-    result.shares = grow_phase(tenant_id, quota, clients, base, targets, bounds, result, now)
+                          wait_replicas=wait_replicas)
+    result.shares = grow_phase(tenant_id, quota, clients, base, targets, bounds, result)
     return result
 
 
 def read_phase(tenant_id: object, clients: Mapping[str, redis.Redis], base: Share,
-               result: Rebalance, now: float | None = None) -> dict[str, Share] | None:
+               result: Rebalance) -> dict[str, Share] | None:
     current: dict[str, Share] = {}
     for cell, client in clients.items():
         try:
-            step = read_cell(client, tenant_id, base, now)
+            step = read_cell(client, tenant_id, base)
         except redis.RedisError:
             result.skipped = f"cell {cell} unreachable"
             return None
@@ -231,15 +227,14 @@ def read_phase(tenant_id: object, clients: Mapping[str, redis.Redis], base: Shar
 
 def shrink_phase(tenant_id: object, clients: Mapping[str, redis.Redis], base: Share,
                  targets: Mapping[str, Share], current: Mapping[str, Share],
-                 result: Rebalance, *, wait_replicas: int = 0,
-                 now: float | None = None) -> dict[str, Share]:
+                 result: Rebalance, *, wait_replicas: int = 0) -> dict[str, Share]:
     """Shrink each cell; returns an upper bound of each cell's share afterwards."""
     bounds = dict(current)
     for cell, client in clients.items():
         if targets[cell].lower(current[cell]) == current[cell]:
             continue  # nothing to shrink here
         try:
-            step = set_cell(client, tenant_id, base, targets[cell], ZERO, now)
+            step = set_cell(client, tenant_id, base, targets[cell], ZERO)
             if wait_replicas and int(client.wait(wait_replicas, 1000)) < wait_replicas:
                 # A failover could still bring the larger share back: keep it as the bound.
                 raise redis.RedisError("the shrink reached too few replicas")
@@ -250,8 +245,8 @@ def shrink_phase(tenant_id: object, clients: Mapping[str, redis.Redis], base: Sh
 
 
 def grow_phase(tenant_id: object, quota: Share, clients: Mapping[str, redis.Redis], base: Share,
-               targets: Mapping[str, Share], bounds: Mapping[str, Share], result: Rebalance,
-               now: float | None = None) -> dict[str, Share]:
+               targets: Mapping[str, Share], bounds: Mapping[str, Share],
+               result: Rebalance) -> dict[str, Share]:
     """Grow cells toward their targets, each by at most the headroom left (C2)."""
     bounds = dict(bounds)
     headroom = quota.minus(total(bounds)).at_least_zero()
@@ -261,7 +256,7 @@ def grow_phase(tenant_id: object, quota: Share, clients: Mapping[str, redis.Redi
             continue
         allowance = want.lower(headroom)
         try:
-            step = set_cell(client, tenant_id, base, targets[cell], allowance, now)
+            step = set_cell(client, tenant_id, base, targets[cell], allowance)
         except redis.RedisError:
             # It may have grown by the whole allowance before the reply was lost.
             result.failed.append(cell)

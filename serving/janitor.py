@@ -31,9 +31,10 @@ import redis
 from django.conf import settings
 
 from infra.redis_conn import get_redis
+from metering.keys import pool_names
 from serving import liveness, transport, wfq
 from serving.admission import mark_cancel
-from serving.keys import deadlines_key, inflight_key, pools_key, worker_key, workers_key
+from serving.keys import deadlines_key, inflight_key, worker_key, workers_key
 from serving.lua import script
 from serving.settlement import Status, settle
 from serving.wire import FinishReason, text, usage_of
@@ -77,16 +78,12 @@ def sweep(client: redis.Redis | None = None, *, now: float | None = None) -> Swe
 def reap_dead_workers(r: redis.Redis, report: SweepReport | None = None) -> SweepReport:
     report = report or SweepReport()
     cutoff = _redis_now(r) - settings.WORKER_DEAD_AFTER_SECONDS
-    for pool in _pools(r):
+    for pool in pool_names(r):
         for raw_wid in r.zrangebyscore(workers_key(pool), "-inf", cutoff):
             wid = text(raw_wid)
             if reap_worker(r, pool, wid, report):
                 report.dead_workers.append(wid)
     return report
-
-
-def _pools(r: redis.Redis) -> list[str]:
-    return sorted(text(p) for p in r.smembers(pools_key()))
 
 
 def reap_worker(r: redis.Redis, pool: str, wid: str, report: SweepReport) -> bool:
@@ -157,7 +154,7 @@ def settle_overdue(r: redis.Redis, report: SweepReport | None = None, *,
                    now: float | None = None) -> SweepReport:
     report = report or SweepReport()
     cutoff = _redis_now(r) if now is None else now
-    for pool in _pools(r):
+    for pool in pool_names(r):
         for raw in r.zrangebyscore(deadlines_key(pool), "-inf", cutoff, start=0,
                                    num=OVERDUE_BATCH):
             rid = text(raw)

@@ -9,6 +9,7 @@ The tenant's admission state (buckets, counters) carries the tenant's tag instea
 
 from __future__ import annotations
 
+from infra.pool_workers import workers_key
 from infra.redis_conn import pool_key
 from metering.keys import pending_key as usage_pending_key
 from metering.keys import pools_key
@@ -38,11 +39,6 @@ def stream_key(pool: str, rid: str) -> str:
 def deadlines_key(pool: str) -> str:
     """The pool's unsettled requests by settle-by time: the janitor's backstop."""
     return pool_key("deadlines", pool)
-
-
-def workers_key(pool: str) -> str:
-    """The pool's workers by last heartbeat (liveness)."""
-    return pool_key("workers", pool)
 
 
 def worker_key(pool: str, worker_id: str, part: str) -> str:

@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 
 from infra.redis_conn import get_async_redis, get_redis
 from serving import wfq
+from serving.budgets import UnitPrices, settled_amounts
 from serving.keys import deadlines_key, req_key, stream_key, usage_pending_key
 from serving.lua import script
 from serving.wfq import Prices
@@ -58,6 +59,7 @@ class Settled:
     dispatched: bool
     release_keys: list[str]  # release.lua's keys and arguments: the tenant-side give-back
     release_args: list[Any]
+    budget_costs: list[int]  # what the request cost each budget of its reservation (exact)
 
 
 # -- settle -----------------------------------------------------------------------------------
@@ -93,16 +95,32 @@ def parse_settle(rid: str, raw: list[Any], now: float | None = None) -> Settled 
     if text(raw[0]) != "1":
         return None
     vals = [text(v) for v in raw[1:]]
-    buckets = vals[11::4]
-    release_args: list[Any] = [rid, "" if now is None else repr(float(now)), *vals[12::4]]
-    for rate, burst in zip(vals[13::4], vals[14::4], strict=True):
+    groups = vals[11:27]  # four buckets: key, delta, rate, burst
+    buckets = groups[0::4]
+    release_args: list[Any] = [rid, "" if now is None else repr(float(now)), *groups[1::4]]
+    for rate, burst in zip(groups[2::4], groups[3::4], strict=True):
         release_args += [rate, burst]
+    budget_keys, costs, refunds = _budget_refunds(vals[27:], int(vals[6]), int(vals[7]))
+    release_args += [len(budget_keys), *refunds]
     return Settled(
         request_id=rid, record=json.loads(vals[0]), pool=vals[1], tenant_id=vals[2],
         weight=float(vals[3] or 1), charged_prompt=int(vals[4]), charged_output=int(vals[5]),
         prompt_tokens=int(vals[6]), output_tokens=int(vals[7]), dispatched=vals[8] == "1",
-        release_keys=[vals[9], vals[10], *buckets], release_args=release_args,
+        release_keys=[vals[9], vals[10], *buckets, *budget_keys], release_args=release_args,
+        budget_costs=costs,
     )
+
+
+def _budget_refunds(fields: list[str], prompt: int, output: int
+                    ) -> tuple[list[str], list[int], list[int]]:
+    """(counter keys, exact costs, reservation minus cost) of a settled request's budgets, at
+    the prices fixed when it was admitted (serving.budgets)."""
+    if len(fields) < 7 or not fields[0]:
+        return [], [], []
+    keys, metrics, reserved = fields[0].split(), fields[1].split(), fields[2].split()
+    prices = UnitPrices("", int(fields[3] or 0), int(fields[4] or 0), int(fields[5] or 0))
+    costs = settled_amounts(metrics, prices, prompt, int(fields[6] or 0), output)
+    return keys, costs, [int(r) - c for r, c in zip(reserved, costs, strict=True)]
 
 
 def release(done: Settled, client: redis.Redis | None = None) -> bool:

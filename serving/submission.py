@@ -22,14 +22,15 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infra.redis_conn import get_async_redis
-from serving import admission, liveness, settlement, transport, wfq
+from metering.keys import pool_names_async
+from serving import admission, budgets, liveness, settlement, transport, wfq
 from serving.admission import AdmissionLimits, Admitted, RateLimitInfo, Reason, Rejected
-from serving.keys import pools_key, req_key
+from serving.keys import req_key
 from serving.settlement import Status
 from serving.wire import (
     FinishReason,
@@ -98,7 +99,7 @@ class Rejection(Rejected):
     the client reads.
     """
 
-    message: str
+    message: str = ""
 
 
 def _event(entry: transport.StreamEvent) -> list[Event]:
@@ -132,16 +133,30 @@ class Submission:
         self._ended = False
         self._sub: transport.Subscription | None = None
 
+    def first_token_left(self) -> float:
+        """Seconds left before the first-token deadline (negative once it passed)."""
+        return self._started + self.ttft_deadline_s - time.monotonic()
+
+    def share_deadlines(self, other: Submission) -> None:
+        """Run this request's deadlines from ``other``'s admission: a retry of a request
+        (gateway.inference.failover) gets no more time than the request had."""
+        self._started = other._started
+        self.ttft_deadline_s = other.ttft_deadline_s
+        self.total_deadline_s = other.total_deadline_s
+
     def pending(self) -> bool:
         """Whether the next stream entry is already here (the relay then batches its write)."""
         return self._sub is not None and self._sub.ready > 0
 
-    async def events(self, last_event_id: str = "0-0") -> AsyncIterator[Event]:
+    async def events(self, last_event_id: str = "0-0", *,
+                     first: str = "The first token") -> AsyncIterator[Event]:
         """Token events, then one FinishEvent or ErrorEvent. Resumable after ``last_event_id``.
 
         Deadlines run from admission: no token by ``ttft_deadline_s`` or no end by
         ``total_deadline_s`` yields ErrorEvent(ttft_deadline_exceeded | deadline_exceeded) and
         cancels the request (the engine aborts it; the worker bills the tokens it generated).
+        ``first`` names what the first deadline waits for in its message (an embeddings
+        request has no "first token").
         """
         got_token = last_event_id != "0-0"
         first_by = self._started + self.ttft_deadline_s
@@ -152,7 +167,7 @@ class Submission:
             while True:
                 entry = await sub.next_before(end_by if got_token else first_by)
                 if entry is None:
-                    yield await self._expire(ttft=not got_token)
+                    yield await self._expire(ttft=not got_token, first=first)
                     return
                 for event in _event(entry):
                     got_token = got_token or isinstance(event, TokenEvent)
@@ -161,11 +176,11 @@ class Submission:
                     self._ended = True
                     return
 
-    async def _expire(self, *, ttft: bool) -> ErrorEvent:
+    async def _expire(self, *, ttft: bool, first: str) -> ErrorEvent:
         code = "ttft_deadline_exceeded" if ttft else "deadline_exceeded"
         limit = self.ttft_deadline_s if ttft else self.total_deadline_s
         await self.cancel(code)
-        what = "The first token did not arrive" if ttft else "The response did not finish"
+        what = f"{first} did not arrive" if ttft else "The response did not finish"
         # A first-token timeout is congestion and may pass; a total timeout would recur.
         return ErrorEvent(code, f"{what} within {limit:g} s; the request was cancelled.",
                           retryable=ttft)
@@ -199,7 +214,10 @@ async def cancel_request(pool: str, rid: str, reason: str) -> bool:
 
 
 def _message(rejected: Rejected, limits: AdmissionLimits, prompt: int,
-             max_out: int) -> str:
+             max_out: int, reservation: budgets.Reservation = budgets.NONE) -> str:
+    if rejected.reason == Reason.INSUFFICIENT_QUOTA:
+        return budgets.refusal_message(reservation.charges[int(rejected.scope) - 1],
+                                       rejected.budget_used)
     if rejected.reason == Reason.TOO_LARGE:
         scope, _, kind = rejected.scope.partition(":")
         part = getattr(limits, scope)
@@ -220,11 +238,16 @@ async def submit(
     prompt_token_ids: Sequence[int], sampling: SamplingParams, limits: AdmissionLimits,
     stream: bool, request_id: str | None = None, cache_salt: str | None = None,
     priority: int = 0, now: float | None = None, adapter: str | None = None,
+    budget_rules: Sequence[budgets.BudgetRule] = (), prices: budgets.UnitPrices | None = None,
+    context: Mapping[str, str] | None = None,
 ) -> Submission | Rejection:
     """Admit and enqueue one tokenized request (see the module docstring).
 
     ``limits``: ``AdmissionLimits.from_limits(principal.tenant_limits(m), principal.limits(m))``.
     ``cache_salt`` defaults to ``tenants.salts.cache_salt(tenant_id)``.
+    ``context``: fields kept in the request's hash for its usage record and trace (the end
+    user, the W3C traceparent); never content. ``budget_rules`` are reserved against at ``prices``
+    (the model's price now), in the same admission.
     """
     rid = request_id or f"req-{uuid.uuid4().hex}"
     if not _RID.fullmatch(rid):
@@ -236,16 +259,21 @@ async def submit(
     started = time.monotonic()
     # n choices may each generate max_tokens: all of it is reserved, and settled to what ran.
     prompt, max_out = len(prompt_token_ids), sampling.max_tokens * sampling.n
+    reservation = budgets.reserve(tenant_id, budget_rules, prices, prompt, max_out,
+                                  time.time() if now is None else now) \
+        if budget_rules else budgets.NONE
     result = await admission.admit_async(
         request_id=rid, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt, max_output_tokens=max_out, stream=stream, limits=limits, now=now,
         extra={"prompt_ids": pack_prompt(prompt_token_ids), "sampling": pack_sampling(sampling),
                "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
-               "adapter": adapter or ""},
+               "adapter": adapter or "", **(context or {})},
+        budgets=reservation,
     )
     if not isinstance(result, Admitted):
         return Rejection(rid, result.reason, result.scope, result.retry_after, result.rate_limit,
-                         _message(result, limits, prompt, max_out))
+                         result.budget_used,
+                         message=_message(result, limits, prompt, max_out, reservation))
     try:
         await wfq.for_loop().enqueue(
             pool, str(tenant_id), rid, weight=weight, prompt_tokens=prompt,
@@ -278,7 +306,7 @@ async def _find(request_id: str) -> list[Any]:
     is asked (one pipelined round trip; pools are few, and a resume is rare).
     """
     r = get_async_redis()
-    pools = sorted(text(p) for p in await r.smembers(pools_key()))
+    pools = await pool_names_async(r)
     pipe = r.pipeline(transaction=False)
     for pool in pools:
         pipe.hmget(req_key(pool, request_id), "tenant", "pool", "ttft_s", "total_s",

@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from infra.redis_conn import text as text  # re-exported: the serving core's callers use it
+
 # Stored in req:{rid} at admission, handed to the worker and deleted at claim: the prompt ids
 # are content in transit, so they live in Redis only until a worker takes them.
-PAYLOAD_FIELDS = ("prompt_ids", "sampling", "salt", "priority", "adapter")
+# "trace": the W3C traceparent and enqueue time (infra.tracing.carrier), when tracing is on.
+PAYLOAD_FIELDS = ("prompt_ids", "sampling", "salt", "priority", "adapter", "trace")
 
 
 class FinishReason:
@@ -111,6 +114,3 @@ def usage_of(prompt: int, completion: int, cached: int = 0) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
-def text(value: object) -> str:
-    """A script reply element as text (redis-py hands back bytes)."""
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from axes.admin import AccessAttemptAdmin
+from axes.models import AccessAttempt
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -40,6 +42,7 @@ from tenants.models import (
     ApiKeyQuerySet,
     Membership,
     Pool,
+    Project,
     Quota,
     ServedModel,
     Tenant,
@@ -266,7 +269,8 @@ class TenantAdmin(TenantOnboardingMixin, admin.ModelAdmin):
     list_filter = ["status", "tier", "region", "home_cell", "content_logging"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
-    readonly_fields = ["created_at", "updated_at"]
+    # Content logging is switched by the tenant's owner only, with its audit row (review 3, N9).
+    readonly_fields = ["content_logging", "created_at", "updated_at"]
     list_select_related = ["tier"]
     inlines = [QuotaInline, ApiKeyInline]
     actions = ["suspend_selected", "activate_selected"]
@@ -309,11 +313,14 @@ class TenantAdmin(TenantOnboardingMixin, admin.ModelAdmin):
     def key_count(self, obj: Tenant) -> int:
         return obj._keys  # type: ignore[attr-defined]
 
-    @admin.action(description="Suspend selected tenants (403 on every key)")
+    # Every action names its permission: without one, Django offers it to anyone who may view
+    # the list (review 3, N4: staff with only view_tenant suspended tenants).
+    @admin.action(description="Suspend selected tenants (403 on every key)",
+                  permissions=["change"])
     def suspend_selected(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
         self._set_status(request, queryset, Tenant.Status.SUSPENDED)
 
-    @admin.action(description="Reactivate selected tenants")
+    @admin.action(description="Reactivate selected tenants", permissions=["change"])
     def activate_selected(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
         self._set_status(request, queryset, Tenant.Status.ACTIVE)
 
@@ -333,13 +340,16 @@ class KeyStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("active", "Active"), ("expired", "Expired"), ("revoked", "Revoked")]
+        return [("active", "Active"), ("over_budget", "Over budget"), ("expired", "Expired"),
+                ("revoked", "Revoked")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
         assert isinstance(queryset, ApiKeyQuerySet)  # ApiKey's manager makes these
         now = timezone.now()
         if self.value() == "active":
-            return queryset.usable(now)
+            return queryset.usable(now).filter(over_budget_at__isnull=True)
+        if self.value() == "over_budget":
+            return queryset.usable(now).filter(over_budget_at__isnull=False)
         if self.value() == "expired":
             return queryset.filter(revoked_at__isnull=True, expires_at__lte=now)
         if self.value() == "revoked":
@@ -383,7 +393,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_select_related = ["tenant"]
     autocomplete_fields = ["tenant"]
     filter_horizontal = ["allowed_models"]
-    actions = ["revoke_selected"]
+    actions = ["revoke_selected", "resume_selected"]
     show_full_result_count = False  # keys can be many; skip the extra COUNT(*)
     limit_fieldsets = ("Limits under the tenant's (empty = the tenant's)", {"fields": [
         ("input_tpm", "output_tpm"), ("concurrent_requests", "open_streams"),
@@ -412,9 +422,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="state")
     def state(self, obj: ApiKey) -> str:
-        if obj.revoked_at:
-            return "revoked"
-        return "active" if obj.is_usable() else "expired"
+        return obj.state()
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a key is revoked, never deleted: its usage and audit trail point at it
@@ -490,6 +498,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
         return None
 
+    @admin.action(description="Resume selected keys that are over budget",
+                  permissions=["change"])
+    def resume_selected(self, request: HttpRequest, queryset: ApiKeyQuerySet) -> None:
+        count = sum(key.resume() for key in queryset.filter(over_budget_at__isnull=False))
+        self.message_user(request, f"Resumed {count} key(s) that were over budget.",
+                          messages.SUCCESS)
+
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
@@ -500,6 +515,34 @@ class MembershipAdmin(admin.ModelAdmin):
     autocomplete_fields = ["user", "tenant"]
 
 
+
+
+# --- projects and budgets (docs/adr/0022) ------------------------------------------------------
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin[Project]):
+    list_display = ["name", "slug", "tenant", "created_at"]
+    list_filter = ["tenant"]
+    search_fields = ["name", "slug", "tenant__slug"]
+    autocomplete_fields = ["tenant"]
+    filter_horizontal = ["allowed_models"]
+
+
 # Identity providers and client-certificate bindings, and who may act in a tenant (grants,
 # invitations, management tokens), have their own admin modules.
-from tenants import admin_access, admin_signin  # noqa: E402, F401
+from tenants import admin_access, admin_routes, admin_signin  # noqa: E402, F401
+
+# --- sign-in lockouts (django-axes) ---------------------------------------------------------
+
+class GuardedAccessAttemptAdmin(AccessAttemptAdmin):  # type: ignore[misc]
+    """axes' admin, its one action requiring the delete permission (it deletes rows) instead
+    of being offered to whoever may view the lockouts."""
+
+    @admin.action(description="Clean up expired attempts", permissions=["delete"])
+    def cleanup_expired_attempts(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        super().cleanup_expired_attempts(request, queryset)
+
+
+if admin.site.is_registered(AccessAttempt):  # importing axes.admin registered it
+    admin.site.unregister(AccessAttempt)
+    admin.site.register(AccessAttempt, GuardedAccessAttemptAdmin)

@@ -92,7 +92,8 @@ class OnboardingUserAdmin(UserAdmin):  # type: ignore[type-arg]
             return
         messages.success(request, f"A set-password link was sent to {user.email}.")
 
-    @admin.action(description="Email a set-password link to the selected users")
+    @admin.action(description="Email a set-password link to the selected users",
+                  permissions=["change"])
     def send_set_password_links(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         for user in queryset.filter(is_active=True):
             self._offer_password(request, user)

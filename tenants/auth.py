@@ -54,6 +54,7 @@ from django.utils import timezone
 from infra.clientaddr import peer_address
 from infra.redis_conn import get_async_redis, get_redis, key
 from tenants import mtls, oidc
+from tenants.budgets import KeyBudgets, key_budgets
 from tenants.keys import candidate_hashes, parse_key
 from tenants.limits import Limits, quota_table, resolve
 from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
@@ -131,6 +132,7 @@ class Principal:
     allowed_model_names: frozenset[str]  # empty = every model the tenant may use
     key_caps: KeyCaps
     content_logging: bool = False
+    response_cache: bool = False  # opted in, by its tenant or its key (gateway.inference.cache)
     tenant_active: bool = True
     expires_at: datetime | None = None
     tenant_cells: tuple[str, ...] = ()  # home first; () = no cells (docs/adr/0019)
@@ -138,9 +140,15 @@ class Principal:
     quotas: Mapping[str | None, Mapping[str, Any]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    project_id: int | None = None
+    project_model_names: frozenset[str] = frozenset()  # empty = the project narrows nothing
+    budgets: KeyBudgets = field(default_factory=KeyBudgets, compare=False, repr=False)
+    end_user_header: str = ""  # the tenant's header naming end users ('' = the body's field)
+    over_budget: bool = False  # a spend alert's hard cap stopped this key (429, not 401)
 
     def allows_model(self, model_name: str) -> bool:
-        return not self.allowed_model_names or model_name in self.allowed_model_names
+        return all(not names or model_name in names
+                   for names in (self.allowed_model_names, self.project_model_names))
 
     def limits(self, model_name: str | None = None) -> Limits:
         """Effective limits for one request: tenant quota, model override, key caps (min)."""
@@ -277,7 +285,7 @@ def _admit(principal: Principal | None) -> Principal:
 def _load(hashes: list[tuple[int, str]], well_formed: bool) -> tuple[Principal, str] | None:
     """One indexed query whatever the input; revoked and expired rows never come back."""
     rows = list(
-        ApiKey.objects.usable().select_related("tenant__tier")
+        ApiKey.objects.usable().select_related("tenant__tier", "project")
         .filter(key_hash__in=[h for _, h in hashes])[:1]
     )
     row = rows[0] if rows else None
@@ -301,10 +309,18 @@ def _principal(row: ApiKey) -> Principal:
         allowed_model_names=frozenset(row.allowed_models.values_list("name", flat=True)),
         key_caps=KeyCaps(**{f: getattr(row, f) for f in LIMIT_FIELDS}),
         content_logging=tenant.content_logging,
+        response_cache=tenant.response_cache or row.response_cache,
         tenant_active=tenant.is_active,
         expires_at=row.expires_at,
         tenant_cells=tenant.cells,
         quotas=MappingProxyType(quota_table(tenant)),
+        project_id=row.project_id,
+        project_model_names=frozenset(row.project.allowed_models.values_list("name", flat=True))
+        if row.project is not None else frozenset(),
+        budgets=key_budgets(tenant.pk, row.project_id, row.pk,
+                            tenant.budgets.filter(enabled=True)),
+        end_user_header=tenant.end_user_header,
+        over_budget=row.over_budget_at is not None,
     )
 
 
@@ -491,9 +507,12 @@ def principal_for_tenant(tenant: Tenant, *, key_id: int, key_prefix: str) -> Pri
         allowed_model_names=frozenset(),
         key_caps=KeyCaps(),
         content_logging=tenant.content_logging,
+        response_cache=tenant.response_cache,
         tenant_active=tenant.is_active,
         tenant_cells=tenant.cells,
         quotas=MappingProxyType(quota_table(tenant)),
+        budgets=key_budgets(tenant.pk, None, key_id, tenant.budgets.filter(enabled=True)),
+        end_user_header=tenant.end_user_header,
     )
 
 

@@ -176,11 +176,19 @@ class Tenant(models.Model):
     content_logging = models.BooleanField(
         default=False, help_text="Opt-in: store prompts and responses, encrypted, short retention."
     )
+    response_cache = models.BooleanField(
+        default=False, help_text="Opt-in: answer a repeated deterministic request (temperature 0 "
+                                 "or a seed) from this tenant's own exact-match cache.")
     # Changed only through gateway.contentlog.lifecycle.set_retention_days, which also pulls in
     # the expiry of records already written; hence not editable in model forms.
     content_retention_days = models.PositiveSmallIntegerField(
         default=7, editable=False, validators=[MinValueValidator(1), MaxValueValidator(30)],
         help_text="Days a logged prompt/response is kept before the purge deletes it (1-30).",
+    )
+    end_user_header = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="A request header naming the end user for end-user budgets (e.g. "
+                  "x-end-user). Blank: the body's safety_identifier or user field.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -332,6 +340,14 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    project = models.ForeignKey("tenants.Project", null=True, blank=True,
+                                on_delete=models.SET_NULL, related_name="api_keys")
+    # A spend alert's hard cap stops the key here (429 insufficient_quota), never by rewriting
+    # its expiry: it still authenticates, reads "over budget", and an owner can resume it.
+    over_budget_at = models.DateTimeField(null=True, blank=True, editable=False)
+    response_cache = models.BooleanField(
+        default=False, help_text="Opt-in for this key's requests (the tenant's switch turns it "
+                                 "on for every key).")
     # Set when a successor was issued (``tenants.keys.rotate_key``): the key is retiring, works
     # until ``expires_at`` and cannot be rotated again (the successor is the one to rotate).
     rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -360,6 +376,22 @@ class ApiKey(models.Model):
         if self.revoked_at is not None:
             return False
         return self.expires_at is None or self.expires_at > now
+
+    def state(self, now: datetime | None = None) -> str:
+        """What the portal, admin and API call it: revoked, expired, over budget or active."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if not self.is_usable(now):
+            return "expired"
+        return "over budget" if self.over_budget_at is not None else "active"
+
+    def resume(self) -> bool:
+        """Lift a spend alert's hard cap (the owner raised it or accepts the spend)."""
+        if self.over_budget_at is None:
+            return False
+        self.over_budget_at = None
+        self.save(update_fields=["over_budget_at"])  # the save signal renews every principal
+        return True
 
 
 class Membership(models.Model):
@@ -633,3 +665,91 @@ class ClientCertificate(models.Model):
         if fingerprint is None:
             raise ValidationError({"fingerprint_sha256": "Not a SHA-256 fingerprint."})
         self.fingerprint_sha256 = fingerprint
+
+
+class Route(models.Model):
+    """A public model name served by several pools (docs/adr: routes and fairness across pools).
+
+    Its targets are tried by priority (lower first); among the healthy targets of the best
+    priority the gateway picks by weight and by this tenant's expected wait. A retryable
+    failure before the first token is retried on another target, up to ``retries`` times;
+    when every target is unhealthy or overloaded, the ``fallbacks`` (other public model names)
+    are tried in order. A dedicated upstream provider is a pool with the ``openai_upstream``
+    backend: its key is read by its worker from the environment variable its
+    ``backend_settings.api_key_env`` names, never stored here.
+    """
+
+    name = models.CharField(max_length=200, unique=True,
+                            help_text="The public model name clients send.")
+    retries = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(5)],
+        help_text="Attempts on other targets after a retryable failure before the first token "
+                  "(empty: the ROUTE_RETRIES setting).")
+    fallbacks = models.JSONField(
+        default=list, blank=True,
+        help_text='Public model names to fall back to, in order, e.g. ["small-model"].')
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        check_model_names(self.fallbacks, "fallbacks", exclude=self.name)
+
+
+class RouteTarget(models.Model):
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="targets")
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="route_targets")
+    weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.001)])
+    priority = models.PositiveSmallIntegerField(
+        default=0, help_text="Lower is tried first; a higher one only when every lower one is "
+                             "unhealthy, overloaded or failed.")
+
+    class Meta:
+        ordering = ["route", "priority", "pool__name"]
+        constraints = [models.UniqueConstraint(fields=["route", "pool"],
+                                               name="route_target_once")]
+
+    def __str__(self) -> str:
+        return f"{self.route.name} -> {self.pool.name} (w {self.weight:g}, p {self.priority})"
+
+
+class TenantFallback(models.Model):
+    """A tenant's own fallback order for one public model name, tried before the route's."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="fallbacks")
+    model = models.CharField(max_length=200)
+    fallbacks = models.JSONField(default=list)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "model"],
+                                               name="tenant_fallback_once")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}: {self.model} -> {', '.join(self.fallbacks)}"
+
+    def clean(self) -> None:
+        check_model_names(self.fallbacks, "fallbacks", exclude=self.model)
+
+
+MAX_FALLBACKS = 4
+
+
+def check_model_names(value: object, field: str, *, exclude: str = "") -> None:
+    """A fallback list: at most MAX_FALLBACKS distinct model names, not the model itself."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValidationError({field: "A list of model names."})
+    if len(value) > MAX_FALLBACKS or len(set(value)) != len(value) or exclude in value:
+        raise ValidationError({field: f"At most {MAX_FALLBACKS} distinct model names, not the "
+                                      "model itself."})
+
+
+from tenants.budget_models import Budget, Project  # noqa: E402  (models of this app)
+
+__all__ += ["Budget", "Project"]

@@ -27,12 +27,15 @@ separate per provider and can never collide with a real API key's (positive) id.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import jwt
 from django.conf import settings
 
@@ -83,6 +86,7 @@ class _Source:
     failures: int = 0  # consecutive failed fetches
     # Single flight: held while one thread fetches; the others use what we have, or wait.
     fetching: threading.Lock = field(default_factory=threading.Lock)
+    blocked: int = 0  # threads inside a blocking refresh (fetching or waiting), JwksCache._lock
 
     def next_fetch_at(self) -> float:
         """After a failure, wait min_refresh * 2^(failures-1), capped at the cache lifetime."""
@@ -134,7 +138,24 @@ class JwksCache:
         return found
 
     def _refresh(self, url: str, source: _Source, *, wait: bool) -> _Jwks | None:
-        """Fetch unless another thread is; returns the newest key set we have."""
+        """Fetch unless another thread is; returns the newest key set we have.
+
+        A thread that must wait (no keys at all yet) counts against the provider's share of
+        the identity threads: past ``MAX_BLOCKED_PER_PROVIDER`` it is refused at once, so one
+        slow provider holds at most that many of the shared threads (review 3, N7)."""
+        if wait:
+            with self._lock:
+                if source.blocked >= MAX_BLOCKED_PER_PROVIDER:
+                    return source.jwks
+                source.blocked += 1
+        try:
+            return self._refresh_once(url, source, wait=wait)
+        finally:
+            if wait:
+                with self._lock:
+                    source.blocked -= 1
+
+    def _refresh_once(self, url: str, source: _Source, *, wait: bool) -> _Jwks | None:
         timeout = settings.OIDC_HTTP_TIMEOUT_SECONDS
         if not source.fetching.acquire(blocking=wait, timeout=timeout + 1 if wait else -1):
             return source.jwks  # someone else is asking the provider right now
@@ -142,10 +163,9 @@ class JwksCache:
             if time.monotonic() < source.next_fetch_at():
                 return source.jwks  # the fetch we waited for has just happened
             source.attempted_at = time.monotonic()
-            client = jwt.PyJWKClient(url, cache_jwk_set=False, cache_keys=False, timeout=timeout)
             try:
-                data = client.fetch_data()
-            except jwt.PyJWKClientError as exc:
+                data = fetch_jwks(url, timeout)
+            except JwksUnavailable as exc:
                 source.failures += 1
                 log.warning("JWKS %s unreachable (%d in a row), next try in %.0fs: %s", url,
                             source.failures, source.next_fetch_at() - time.monotonic(), exc)
@@ -155,6 +175,43 @@ class JwksCache:
             return source.jwks
         finally:
             source.fetching.release()
+
+
+# At most this many identity threads block on one provider's JWKS (one fetching, one waiting).
+MAX_BLOCKED_PER_PROVIDER = 2
+MAX_JWKS_BYTES = 512 * 1024
+
+
+class JwksUnavailable(Exception):
+    """The JWKS could not be fetched within the deadline, or is not a JSON object."""
+
+
+def fetch_jwks(url: str, deadline_s: float) -> dict[str, Any]:
+    """GET a JWKS with one deadline on the whole fetch (connect, headers and body), not per
+    socket read: a provider trickling a byte every two seconds used to hold an identity
+    thread for minutes (review 3, N7). Runs a short-lived event loop in the calling (identity)
+    thread so ``wait_for`` can cut the fetch off at any point."""
+    try:
+        data = asyncio.run(asyncio.wait_for(_get_json(url, deadline_s), deadline_s))
+    except TimeoutError:
+        raise JwksUnavailable(f"no complete answer within {deadline_s:g}s") from None
+    except (httpx.HTTPError, ValueError) as exc:
+        raise JwksUnavailable(str(exc) or type(exc).__name__) from None
+    if not isinstance(data, dict):
+        raise JwksUnavailable("the JWKS is not a JSON object")
+    return data
+
+
+async def _get_json(url: str, deadline_s: float) -> Any:
+    async with httpx.AsyncClient(timeout=deadline_s, follow_redirects=True) as client, \
+            client.stream("GET", url, headers={"accept": "application/json"}) as response:
+        response.raise_for_status()
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_JWKS_BYTES:
+                raise ValueError(f"the JWKS is larger than {MAX_JWKS_BYTES} bytes")
+    return json.loads(bytes(body))
 
 
 def _pick(jwks: _Jwks, kid: str | None) -> jwt.PyJWK | None:

@@ -16,7 +16,8 @@ from typing import Any
 
 from django.conf import settings
 
-from infra.redis_conn import get_redis, pool_key
+from infra.pool_workers import load_key, workers_key
+from infra.redis_conn import get_redis
 
 
 @dataclass
@@ -87,10 +88,10 @@ def pool_state(pool_name: str) -> PoolState | None:
         dead_after = settings.WORKER_DEAD_AFTER_SECONDS
         state = PoolState()
         members: list[tuple[bytes, float]] = client.zrange(  # type: ignore[assignment]
-            pool_key("workers", pool_name), 0, -1, withscores=True)
+            workers_key(pool_name), 0, -1, withscores=True)
         for member, score in members:
             wid = member.decode()
-            load: dict[Any, Any] = client.hgetall(pool_key("worker", pool_name, wid, "load"))
+            load: dict[Any, Any] = client.hgetall(load_key(pool_name, wid))
             age = max(now - score, 0.0)
             state.workers.append(WorkerState(
                 wid, round(age, 1), age <= dead_after and bool(load),

@@ -21,6 +21,11 @@ CAN: dict[str, frozenset[str]] = {
     "content_logging": frozenset({OWNER}),
     "tokens": frozenset({OWNER}),
     "playground": frozenset({OWNER, MEMBER}),
+    "projects": frozenset({OWNER, MEMBER, BILLING}),  # read; owners change them
+    "budgets": frozenset({OWNER, BILLING}),  # read with spend; owners change them
+    "manage_budgets": frozenset({OWNER}),  # budgets, projects, resuming a key over budget
+    "fallbacks": frozenset({OWNER, MEMBER}),  # the tenant's own fallback order per model
+    "manage_fallbacks": frozenset({OWNER}),
 }
 
 

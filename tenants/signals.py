@@ -25,10 +25,12 @@ from tenants.auth import invalidate_principals
 from tenants.management_tokens import revoke_made_by
 from tenants.models import (
     ApiKey,
+    Budget,
     ClientCertificate,
     IdentityProvider,
     ManagementToken,
     Membership,
+    Project,
     Quota,
     ServedModel,
     Tenant,
@@ -43,12 +45,15 @@ def _changed(sender: type, instance: Any, created: bool = False, **kwargs: Any) 
     invalidate_principals()
 
 
-for model in (Tier, Tenant, Quota, ApiKey, ServedModel, IdentityProvider, ClientCertificate):
+for model in (Tier, Tenant, Quota, ApiKey, ServedModel, IdentityProvider, ClientCertificate,
+              Project, Budget):
     post_save.connect(_changed, sender=model, dispatch_uid=f"auth-epoch-save-{model.__name__}")
     post_delete.connect(_changed, sender=model, dispatch_uid=f"auth-epoch-del-{model.__name__}")
 
 
 @receiver(m2m_changed, sender=ApiKey.allowed_models.through, dispatch_uid="auth-epoch-m2m")
+@receiver(m2m_changed, sender=Project.allowed_models.through,
+          dispatch_uid="auth-epoch-project-m2m")
 def _allowed_models_changed(action: str, **kwargs: Any) -> None:
     if action.startswith("post_"):
         invalidate_principals()

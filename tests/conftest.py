@@ -53,6 +53,28 @@ def fast_passwords():
         yield
 
 
+def _allow_audit_truncate(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SET igw.audit_truncate = 'allow'")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def audit_truncate_for_flush():
+    """Transactional tests empty the database with one TRUNCATE of every table; the audit
+    log refuses TRUNCATE (contentlog migration 0004) unless the session allows it, which only
+    this harness does (tests/test_audit_append_only_db.py resets it to test the refusal)."""
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_allow_audit_truncate)
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            _allow_audit_truncate(None, conn)
+    yield
+    connection_created.disconnect(_allow_audit_truncate)
+
+
 class LiveSystem(TypedDict):
     """A running gateway and its pool's workers (real subprocesses)."""
 

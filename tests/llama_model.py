@@ -2,7 +2,7 @@
 
 It has the architecture of a real Llama (2 layers, 64 wide, grouped-query attention, SwiGLU)
 but random weights, so it generates nonsense at thousands of tokens per second on a CPU. Its
-vocabulary is the repo's own simulated model's byte-level BPE (``workers/assets/sim-model``),
+vocabulary is the repo's own simulated model's byte-level BPE (``serving/assets/sim-model``),
 written as a GPT-2 style GGUF tokenizer: llama.cpp then tokenizes exactly as the gateway does,
 so the gateway's token counts and the upstream server's can be compared one to one.
 
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from workers.tokenization import sim_model_dir
+from serving.tokenization import sim_model_dir
 
 WIDTH = 64
 HEADS = 4

@@ -18,13 +18,15 @@ AUDIENCE = "inference-gateway"
 
 
 class JwksServer:
-    """A JWKS endpoint on 127.0.0.1 serving ``keys``; ``mode`` is "ok", "fail" (500) or
-    "hang" (sleeps ``hang_s`` first, then fails: an answer too late to use)."""
+    """A JWKS endpoint on 127.0.0.1 serving ``keys``; ``mode`` is "ok", "fail" (500),
+    "hang" (sleeps ``hang_s`` first, then fails: an answer too late to use) or "trickle" (the
+    right answer, one byte every ``trickle_s``: each socket read is quick, the whole is not)."""
 
     def __init__(self, keys: list[dict[str, Any]] | None = None) -> None:
         self.keys = keys or []
         self.mode = "ok"
         self.hang_s = 2.0
+        self.trickle_s = 0.2
         self.fetches = 0
         outer = self
 
@@ -33,7 +35,7 @@ class JwksServer:
                 outer.fetches += 1
                 if outer.mode == "hang":
                     time.sleep(outer.hang_s)
-                if outer.mode != "ok":
+                if outer.mode not in ("ok", "trickle"):
                     self.send_response(500)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
@@ -43,6 +45,15 @@ class JwksServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if outer.mode == "trickle":
+                    for i in range(len(body)):
+                        time.sleep(outer.trickle_s)
+                        try:
+                            self.wfile.write(body[i:i + 1])
+                            self.wfile.flush()
+                        except OSError:
+                            return  # the client gave up
+                    return
                 self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from infra.uvicorn_command import uvicorn_argv
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -160,15 +162,43 @@ def wait_for_worker(client: object, pool: str, worker_id: str, proc: Proc | None
                timeout, f"worker {worker_id} to register", proc)
 
 
+@contextlib.contextmanager
+def wedged_worker(pool: str, worker_id: str, every: float = 0.1) -> Iterator[None]:
+    """A worker that heartbeats and never takes work (a wedged engine host): the pool counts
+    as served (``serving.availability``), so its requests are admitted and wait in its queue
+    until their deadlines. A thread writes the heartbeat the way ``heartbeat.lua`` does."""
+    import threading
+
+    from infra.redis_conn import get_redis
+    from serving.keys import workers_key
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        client = get_redis()
+        while not stop.is_set():
+            secs, micros = client.time()  # type: ignore[misc]
+            client.zadd(workers_key(pool), {worker_id: secs + micros / 1e6})
+            stop.wait(every)
+
+    thread = threading.Thread(target=beat, name=f"wedged-{worker_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+        get_redis().zrem(workers_key(pool), worker_id)
+
+
 def start_uvicorn(
     *, port: int | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[Proc, str]:
     """The ASGI gateway on a free port; returns (process, base URL)."""
     port = port or free_port()
-    args = [sys.executable, "-m", "uvicorn", "gateway.asgi:application", "--host", "127.0.0.1",
-            "--port", str(port), "--log-level", "warning",
-            "--http", "gateway.httpproto:BoundedHttpToolsProtocol",  # header deadline
-            "--no-proxy-headers"]  # scope["client"] is the peer (infra.clientaddr)
+    # The image's command line (infra.uvicorn_command: --no-proxy-headers, header deadline).
+    args = uvicorn_argv(sys.executable, ["--host", "127.0.0.1", "--port", str(port),
+                                         "--log-level", "warning"])
     return Proc(f"uvicorn-{port}", args, child_env(env)), f"http://127.0.0.1:{port}"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from infra.redis_conn import pool_key, tenant_key
-from metering.keys import pending_key, pools_key
+from metering.keys import pending_key, pool_names
 from serving.admission import bucket_key, counter_key
 from serving.keys import inflight_key, req_key, stream_key, worker_key, workers_key
 
@@ -21,8 +21,9 @@ __all__ = [
     "find_stream",
     "inflight_key",
     "pool_key",
-    "pools",
+    "pool_names",
     "req_key",
+    "served",
     "stream_key",
     "tenant_bucket",
     "tenant_key",
@@ -32,30 +33,35 @@ __all__ = [
 ]
 
 
+def served(r: Any, *pools: str, worker_id: str = "test-worker", for_s: float = 600) -> None:
+    """Register a worker heartbeat that stays fresh ``for_s`` seconds on each pool, so routing
+    counts the pool as served (``serving.availability``) in tests that run no worker."""
+    import time
+
+    for pool in pools:
+        r.zadd(workers_key(pool), {worker_id: time.time() + for_s})
+
+
 def tenant_bucket(tenant_id: object, kind: str) -> str:
     """The tenant's own input ("in") or output ("out") token bucket."""
     return bucket_key(tenant_id, "tenant", tenant_id, kind)
 
 
-def pools(r: Any) -> list[str]:
-    return sorted(p.decode() for p in r.smembers(pools_key()))
-
-
 def usage_raw(r: Any) -> list[bytes]:
     """Every pool's pending usage records, oldest first within a pool."""
-    return [raw for pool in pools(r) for raw in r.lrange(pending_key(pool), 0, -1)]
+    return [raw for pool in pool_names(r) for raw in r.lrange(pending_key(pool), 0, -1)]
 
 
 def _pool_of(r: Any, rid: str) -> str | None:
-    return next((p for p in pools(r) if r.exists(req_key(p, rid))), None)
+    return next((p for p in pool_names(r) if r.exists(req_key(p, rid))), None)
 
 
 def find_req(r: Any, rid: str) -> str:
     """The request's state key in whichever pool holds it (a missing one: the first pool's)."""
-    pool = _pool_of(r, rid) or next(iter(pools(r)), "")
+    pool = _pool_of(r, rid) or next(iter(pool_names(r)), "")
     return req_key(pool, rid)
 
 
 def find_stream(r: Any, rid: str) -> str:
-    pool = _pool_of(r, rid) or next(iter(pools(r)), "")
+    pool = _pool_of(r, rid) or next(iter(pool_names(r)), "")
     return stream_key(pool, rid)

@@ -192,10 +192,11 @@ def test_usage_record_carries_counts_never_content(redis_client):
                event={"f": "length", "u": "{}"}, wfq_correction=False)
     record = json.loads(redis_client.lpop(usage_pending_key("p")))
     assert set(record) == {
-        "request_id", "tenant_id", "key_id", "model", "pool", "prompt_tokens", "cached_tokens",
+        "request_id", "tenant_id", "key_id", "model", "pool", "end_user", "prompt_tokens",
+        "cached_tokens",
         "completion_tokens", "queue_wait_ms", "ttft_ms", "total_ms", "status", "finish_reason",
         "error_code", "stream", "admitted_at_ms", "dispatched_at_ms", "first_token_at_ms",
-        "settled_at_ms",
+        "settled_at_ms", "project_id",  # ids for the request log, not content
     }
     assert record["total_ms"] == 2000
     assert [e[1] for e in redis_client.xrange(stream_key("p", "r"))] == [{b"f": b"length",
@@ -316,7 +317,7 @@ def test_counters_return_to_zero_after_a_random_mix(redis_client):
 
 def _submit(rid: str, lim: AdmissionLimits, *, max_tokens: int = 20, tenant: int = 1):
     from serving.submission import submit
-    from workers.engine.base import SamplingParams
+    from serving.wire import SamplingParams
 
     return submit(tenant_id=tenant, key_id=tenant, weight=1.0, model="m", pool="fp",
                   prompt_token_ids=[5, 6, 7, 8], sampling=SamplingParams(max_tokens=max_tokens),
@@ -382,7 +383,16 @@ def test_ttft_deadline_yields_an_error_and_cancels(redis_client):
     events, took = arun(main())
     assert [type(e) for e in events] == [ErrorEvent] and 0.25 < took < 2
     assert events[0].code == "ttft_deadline_exceeded" and events[0].retryable
+    assert events[0].message.startswith("The first token did not arrive within 0.3 s")
     assert redis_client.hget(req_key("fp", "slow"), "state") == b"settled"
+
+    async def embedding() -> list[ErrorEvent]:
+        sub = await _submit("slow-embed", lim)
+        return [e async for e in sub.events(first="The embeddings")]  # type: ignore[misc]
+
+    # Worded for what the endpoint waits for: an embeddings request has no "first token".
+    [expired] = arun(embedding())
+    assert expired.message.startswith("The embeddings did not arrive within 0.3 s")
 
 
 def test_attach_finds_only_the_tenants_own_request(redis_client):

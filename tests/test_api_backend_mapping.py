@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serving.tokenization import load_tokenizer, sim_model_dir
 from tests.test_upstream_backend import Fake, run_engine, settings
 from tests.test_upstream_backend import req as up_req
 from tests.test_vllm_backend import build, vsettings
@@ -19,7 +20,6 @@ from workers.engine.base import EngineError, TokenLogprob
 from workers.engine.registry import EngineSpec, build_engine
 from workers.engine.upstream import UpstreamEngine, build_body, upstream_logprobs
 from workers.engine.vllm_backend import VLLMEngine, token_logprobs
-from workers.tokenization import load_tokenizer, sim_model_dir
 
 TOK = load_tokenizer(None)
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

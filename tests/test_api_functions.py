@@ -82,6 +82,29 @@ def test_a_model_of_another_tenant_cannot_be_allowed(world):
     response = client_for(world, "owner").post(
         "/api/tenants/acme/keys/", {"name": "x", "allowed_models": ["private"]}, format="json")
     assert response.status_code == 400 and response.json()["error"]["param"] == "allowed_models"
+    # Review 3, old finding 8: exactly the answer for a model that does not exist.
+    unknown = client_for(world, "owner").post(
+        "/api/tenants/acme/keys/", {"name": "x", "allowed_models": ["private"[::-1]]},
+        format="json")
+    assert unknown.status_code == 400
+    assert response.json()["error"]["message"].replace("private", "?") == \
+        unknown.json()["error"]["message"].replace("private"[::-1], "?")
+
+
+def test_prices_do_not_list_another_tenants_dedicated_model(world):
+    from metering.billing.models import Price
+    from tests.factories import make_model, make_pool
+
+    make_pool(make_model("private"), name="private-pool", dedicated_to=world.other)
+    for name in ("private", "sim-small"):
+        Price.objects.create(model_name=name, input_per_mtok=1, cached_input_per_mtok=1,
+                             output_per_mtok=1)
+    listed = {p["model_name"] for p in client_for(world, "owner").get("/api/prices/").json()[
+        "results"]}
+    assert "sim-small" in listed and "private" not in listed
+    outsider = {p["model_name"] for p in client_for(world, "outsider").get(
+        "/api/prices/").json()["results"]}
+    assert "private" in outsider  # its own tenant's model
 
 
 def test_the_last_owner_stays(world):

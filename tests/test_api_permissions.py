@@ -15,7 +15,19 @@ from rest_framework.test import APIClient
 
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.management_tokens import issue_token
-from tenants.models import ApiKey, Invitation, ManagementToken, Pool, ServedModel, StaffGrant
+from tenants.models import (
+    ApiKey,
+    Budget,
+    Invitation,
+    ManagementToken,
+    Pool,
+    Project,
+    Route,
+    RouteTarget,
+    ServedModel,
+    StaffGrant,
+    TenantFallback,
+)
 from tests.worlds import build_world, make_user, this_hour
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +44,20 @@ ENDPOINTS = [
     ("delete", f"{T}/keys/{{member_key}}/", None, 204, 204, 403, 404, 404, 404),
     ("post", f"{T}/keys/{{member_key}}/rotate/", {"grace_seconds": 60},
      201, 201, 403, 404, 404, 404),
+    ("post", f"{T}/keys/{{member_key}}/resume/", None, 200, 403, 403, 404, 404, 404),
+    ("get", f"{T}/projects/", None, 200, 200, 200, 404, 404, 404),
+    ("post", f"{T}/projects/", {"name": "Production", "slug": "prod"},
+     201, 403, 403, 404, 404, 404),
+    ("get", f"{T}/projects/{{project}}/", None, 200, 200, 200, 404, 404, 404),
+    ("patch", f"{T}/projects/{{project}}/", {"name": "Web"}, 200, 403, 403, 404, 404, 404),
+    ("delete", f"{T}/projects/{{project}}/", None, 204, 403, 403, 404, 404, 404),
+    ("get", f"{T}/budgets/", None, 200, 403, 200, 404, 404, 404),
+    ("post", f"{T}/budgets/", {"level": "tenant", "metric": "tokens", "limit": "1000000",
+                               "period": "day"}, 201, 403, 403, 404, 404, 404),
+    ("get", f"{T}/budgets/{{budget}}/", None, 200, 403, 200, 404, 404, 404),
+    ("get", f"{T}/budgets/export/", None, 200, 403, 200, 404, 404, 404),
+    ("patch", f"{T}/budgets/{{budget}}/", {"limit": "20"}, 200, 403, 403, 404, 404, 404),
+    ("delete", f"{T}/budgets/{{budget}}/", None, 204, 403, 403, 404, 404, 404),
     ("get", f"{T}/members/", None, 200, 403, 403, 404, 404, 404),
     ("get", f"{T}/members/{{billing_membership}}/", None, 200, 403, 403, 404, 404, 404),
     ("post", f"{T}/members/", {"user": "staff", "role": "member"}, 405, 403, 403, 404, 404, 404),
@@ -52,6 +78,9 @@ ENDPOINTS = [
      403, 403, 403, 404, 404, 200),
     ("get", f"{T}/usage/", None, 200, 200, 200, 404, 404, 404),
     ("get", f"{T}/rollups/", None, 200, 200, 200, 404, 404, 404),
+    ("get", f"{T}/requests/", None, 200, 200, 200, 404, 404, 404),
+    ("get", f"{T}/requests/?status=refused&code=rate_limit_exceeded", None,
+     200, 200, 200, 404, 404, 404),
     ("get", f"{T}/reports/", None, 200, 403, 200, 404, 404, 404),
     ("get", f"{T}/reports/statements/2026-11/", None, 200, 403, 200, 404, 404, 404),
     ("get", f"{T}/exports/", None, 200, 403, 200, 404, 404, 404),
@@ -67,6 +96,13 @@ ENDPOINTS = [
     ("get", f"{T}/alerts/events/", None, 200, 403, 200, 404, 404, 404),
     ("get", f"{T}/content-logging/", None, 200, 403, 403, 404, 404, 404),
     ("put", f"{T}/content-logging/set/", {"enabled": True}, 200, 403, 403, 404, 404, 404),
+    ("get", f"{T}/fallbacks/", None, 200, 200, 403, 404, 404, 404),
+    ("post", f"{T}/fallbacks/", {"model": "sim-other", "fallbacks": ["sim-small"]},
+     201, 403, 403, 404, 404, 404),
+    ("get", f"{T}/fallbacks/{{fallback}}/", None, 200, 200, 403, 404, 404, 404),
+    ("patch", f"{T}/fallbacks/{{fallback}}/", {"fallbacks": ["sim-x"]},
+     200, 403, 403, 404, 404, 404),
+    ("delete", f"{T}/fallbacks/{{fallback}}/", None, 204, 403, 403, 404, 404, 404),
     ("get", "/api/tenants/", None, 403, 403, 403, 403, 403, 200),
     ("get", "/api/tenants/acme/", None, 403, 403, 403, 403, 403, 200),
     ("patch", "/api/tenants/acme/", {"status": "suspended"}, 403, 403, 403, 403, 403, 200),
@@ -77,6 +113,12 @@ ENDPOINTS = [
     ("get", "/api/pools/", None, 200, 200, 200, 200, 403, 200),
     ("patch", "/api/pools/shared-small/", {"enabled": False}, 403, 403, 403, 403, 403, 200),
     ("get", "/api/prices/", None, 200, 200, 200, 200, 403, 200),
+    ("get", "/api/routes/", None, 200, 200, 200, 200, 403, 200),
+    ("get", "/api/routes/{route}/", None, 200, 200, 200, 200, 403, 200),
+    ("post", "/api/routes/", {"name": "fast", "targets": [{"pool": "shared-small", "weight": 2}]},
+     403, 403, 403, 403, 403, 201),
+    ("patch", "/api/routes/{route}/", {"fallbacks": ["sim-small"]}, 403, 403, 403, 403, 403, 200),
+    ("delete", "/api/routes/{route}/", None, 403, 403, 403, 403, 403, 204),
     ("post", "/api/prices/", {"model_name": "sim-small", "currency": "USD",
                               "input_per_mtok": "1", "cached_input_per_mtok": "0.5",
                               "output_per_mtok": "2", "effective_from": "2026-01-01T00:00:00Z"},
@@ -100,6 +142,12 @@ def world(redis_client, tmp_path):
         tenant=world.tenant, start=this_hour(), end=this_hour(), status="done",
         file_path=str(done))
     world.token, _ = issue_token(world.tenant, "ci", "owner", created_by=world.users["owner"])
+    world.project = Project.objects.create(tenant=world.tenant, name="web", slug="web")
+    world.budget = Budget.objects.create(tenant=world.tenant, level="tenant", limit=10)
+    world.fallback = TenantFallback.objects.create(tenant=world.tenant, model="sim-small",
+                                                   fallbacks=["sim-large"])
+    world.route = Route.objects.create(name="chat-default", fallbacks=["sim-small"])
+    RouteTarget.objects.create(route=world.route, pool=Pool.objects.get(name="shared-small"))
     world.invitation = Invitation.objects.create(
         tenant=world.tenant, email="x@example.test", secret_hash="0" * 64,
         expires_at=timezone.now() + timedelta(days=1))
@@ -144,13 +192,27 @@ def _path(world, template: str) -> str:
         billing_membership=world.tenant.memberships.get(role="billing").id,
         quota=world.tenant.quotas.get(model=None).id, alert=world.alert.id,
         export=world.export.id, invitation=world.invitation.id, token=world.token.id,
+        project=world.project.id, budget=world.budget.id,
+        fallback=world.fallback.id, route=world.route.id,
     )
 
 
+# What a grant holder may not do although their grant's role may (review 3, N5): anything that
+# would outlast the grant (a membership, an invitation, a key).
+MINTS_LASTING_ACCESS = {
+    ("post", f"{T}/keys/"), ("post", f"{T}/keys/{{member_key}}/rotate/"),
+    ("patch", f"{T}/members/{{billing_membership}}/"),
+    ("delete", f"{T}/members/{{billing_membership}}/"), ("post", f"{T}/invitations/"),
+    ("put", f"{T}/content-logging/set/"),  # the tenant's own decision (N9)
+}
+
+
 def _expected(row, who: str) -> int:
-    _, _, _, *codes = row
+    method, template, _, *codes = row
     if who == "anonymous":
         return 401
+    if who == "granted_owner" and (method, template) in MINTS_LASTING_ACCESS:
+        return 403
     return codes[ROLES.index(ALIASES.get(who, who))]
 
 
@@ -218,6 +280,52 @@ def test_a_grant_made_in_the_admin_is_on_record_and_cannot_be_deleted(world, cli
         "user": world.users["owner"].pk, "tenant": world.tenant.pk, "role": "owner",
         "reason": "x", "expires_at_0": "2099-01-01", "expires_at_1": "00:00:00"})
     assert refused.status_code == 200 and StaffGrant.objects.count() == 1  # not staff
+
+
+def test_a_grant_cannot_become_a_lasting_owner(world):
+    """The review's escalation path: as a grant holder, invite yourself as owner, accept, let
+    the grant be revoked; the membership and keys minted under the grant used to stay."""
+    support = _grant(world, "support", "owner")
+    client = APIClient()
+    client.force_login(support)
+    invited = client.post(f"{T}/invitations/", {"email": support.email, "role": "owner"},
+                          format="json")
+    assert invited.status_code == 403 and "grant" in invited.json()["error"]["message"]
+    assert not Invitation.objects.filter(email=support.email).exists()
+    assert client.post(f"{T}/keys/", {"name": "mine"}, format="json").status_code == 403
+    assert not ApiKey.objects.filter(name="mine").exists()
+    billing = world.tenant.memberships.get(role="billing")
+    assert client.patch(f"{T}/members/{billing.pk}/", {"role": "owner"},
+                        format="json").status_code == 403
+    assert world.tenant.memberships.get(pk=billing.pk).role == "billing"
+    # What a grant is for still works: reading, and revoking a key.
+    assert client.get(f"{T}/keys/").status_code == 200
+    assert client.delete(f"{T}/keys/{world.keys['member'].id}/").status_code == 204
+
+
+def test_only_the_tenants_owner_switches_content_logging(world, client):
+    """Review 3, N9: staff turned a tenant's content logging on with PATCH /api/tenants/<t>/
+    and in the admin's tenant form, without the tenant and without an audit row."""
+    from tenants.models import ContentLoggingChange, Tenant
+
+    admin = _client(world, "admin")
+    patched = admin.patch("/api/tenants/acme/", {"content_logging": True}, format="json")
+    assert patched.status_code == 400 and patched.json()["error"]["param"] == "content_logging"
+    client.force_login(world.users["admin"])
+    form = client.get(f"/admin/tenants/tenant/{world.tenant.pk}/change/").content.decode()
+    assert 'name="content_logging"' not in form
+    client.post(f"/admin/tenants/tenant/{world.tenant.pk}/change/", {
+        "name": "acme", "slug": "acme", "status": "active", "region": "local",
+        "content_logging": "on"})
+    granted = _client(world, "granted_owner")
+    assert granted.put(f"{T}/content-logging/set/", {"enabled": True},
+                       format="json").status_code == 403
+    assert Tenant.objects.get(pk=world.tenant.pk).content_logging is False
+    assert not ContentLoggingChange.objects.exists()
+    owner = _client(world, "owner")
+    assert owner.put(f"{T}/content-logging/set/", {"enabled": True},
+                     format="json").status_code == 200
+    assert ContentLoggingChange.objects.get().changed_by == world.users["owner"]
 
 
 def test_a_grant_reaches_its_tenant_only(world):

@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 
 from gateway.inference import embeddings
+from gateway.inference.bodies import UsageCounts
 from gateway.inference.choices import Assembler
 from gateway.inference.errors import ApiError
 from gateway.inference.requests import parse_object
-from gateway.inference.responses import UsageCounts
-from gateway.inference.responses_api import ResponseBuilder, to_chat
+from gateway.inference.responses_api import ResponseBuilder, responses_param, to_chat
 from gateway.inference.toolparsers import PARSERS
+from serving.tokenization import load_tokenizer
 from workers.engine.simulated import SimConfig, SimulatedEngine
 from workers.host import pack_vectors
-from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather.",
@@ -59,11 +59,23 @@ def test_a_responses_body_is_the_chat_body_it_means() -> None:
     ({"model": "m"}, "input"),
     ({"model": "m", "input": [{"type": "image_generation_call"}]}, "input[0].type"),
     ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"model": "m", "input": "x", "text": {"verbosity": "low"}}, "text.verbosity"),
 ])
 def test_responses_refusals_name_the_field(body: dict[str, Any], param: str) -> None:
     with pytest.raises(ApiError) as info:
         to_chat(body)
     assert info.value.status == 400 and info.value.param == param
+
+
+@pytest.mark.parametrize(("chat_param", "param"), [
+    ("messages", "input"), ("messages[2].content", "input"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("response_format.json_schema.schema", "text.format.schema"),
+    ("tools[0].function.name", "tools[0].name"), ("temperature", "temperature"), (None, None),
+])
+def test_chat_parser_params_are_named_as_the_responses_client_sent_them(
+        chat_param: str | None, param: str | None) -> None:
+    assert responses_param(chat_param) == param
 
 
 def test_responses_stream_events_for_text_then_a_call() -> None:

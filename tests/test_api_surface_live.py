@@ -19,11 +19,11 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from serving.tokenization import load_tokenizer
 from tenants.models import Pool
 from tests import procs, rkeys
 from tests.agents_run import run_weather_agent
 from tests.factories import make_key, make_model, make_tenant
-from workers.tokenization import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -175,6 +175,48 @@ def test_required_tool_calls_stream_in_openai_chunk_shape(live) -> None:
                 and c.choices[0].finish_reason]
     assert finishes == ["tool_calls"]
     assert chunks[-1].usage.prompt_tokens == prompt_tokens(ASK, [WEATHER, TIME])
+
+
+# Past the call's name, short of its end: the simulated tokenizer writes
+# '[{"name": "get_weather", "parameters": {' in 26 tokens (a named call: its arguments only).
+@pytest.mark.parametrize(("choice", "max_tokens"), [
+    ("required", 30), ({"type": "function", "function": {"name": "get_weather"}}, 6)])
+def test_a_tool_call_cut_by_max_tokens_streams_its_name_then_partial_arguments(
+        live, choice: Any, max_tokens: int) -> None:
+    """As OpenAI does: the function's name first, then argument fragments, and
+    ``finish_reason: "length"``; the whole answer shows the same partial call."""
+    c = client(live)
+    stream = c.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
+                                       tool_choice=choice, max_tokens=max_tokens, stream=True)
+    deltas, finishes = [], []
+    for chunk in stream:
+        if chunk.choices:
+            deltas += chunk.choices[0].delta.tool_calls or []
+            finishes += [chunk.choices[0].finish_reason] if chunk.choices[0].finish_reason \
+                else []
+    assert deltas and deltas[0].id and deltas[0].function.name == "get_weather"
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert arguments.startswith("{") and finishes == ["length"]
+    with pytest.raises(ValueError):
+        json.loads(arguments)  # cut short
+    whole = c.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER],
+                                      tool_choice=choice, max_tokens=max_tokens)
+    assert whole.choices[0].finish_reason == "length"
+    [call] = whole.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith("{")
+
+
+def test_a_cut_required_call_streams_on_the_responses_api_too(live) -> None:
+    """The same partial call, as a function_call item of an incomplete response."""
+    tools = [{"type": "function", "name": "get_weather",
+              "parameters": WEATHER["function"]["parameters"]}]
+    events = list(client(live).responses.create(
+        model=MODEL, input=ASK, tools=tools, tool_choice="required", max_output_tokens=30,
+        stream=True))
+    added = [e.item for e in events if e.type == "response.output_item.added"
+             and e.item.type == "function_call"]
+    assert [item.name for item in added] == ["get_weather"]
+    assert events[-1].type == "response.incomplete"
 
 
 def test_sdk_stream_helper_accumulates_tool_calls(live) -> None:
@@ -452,6 +494,24 @@ def test_langchain_bind_tools_structured_output_and_streaming(live) -> None:
     assert text
 
 
+def test_langchain_json_mode_follows_the_schema_in_the_prompt(live) -> None:
+    """LangChain's ``json_mode`` sends ``json_object`` and leaves the schema to the prompt; the
+    simulated model writes a document valid against the schema it finds there (a real model
+    reads the prompt), so the demo works with it, and with LangChain's format instructions."""
+    from langchain_core.output_parsers import PydanticOutputParser
+
+    llm = chat_model(live, max_tokens=400)
+    schema = json.dumps(City.model_json_schema())
+    city = llm.with_structured_output(City, method="json_mode").invoke([
+        ("system", f"Answer with one JSON object matching this schema:\n```json\n{schema}\n```"),
+        ("user", "Describe a city.")])
+    assert isinstance(city, City) and city.name
+    parser = PydanticOutputParser(pydantic_object=City)
+    answer = llm.bind(response_format={"type": "json_object"}).invoke(
+        "Describe a city.\n" + parser.get_format_instructions())
+    assert isinstance(parser.invoke(answer), City)
+
+
 def test_langchain_tool_loop_with_auto(live) -> None:
     """bind_tools with the default "auto": the model calls the tool, the loop runs it, and the
     model answers the result in text."""
@@ -511,6 +571,92 @@ def test_agents_sdk_tool_using_agent_with_responses_model(live) -> None:
             live["url"], live["plain"], MODEL, responses=True, seen=seen, stream=stream,
             model_settings=ModelSettings(max_tokens=500, temperature=0)))
         assert len(seen) == 1 and isinstance(result.final_output, str) and result.final_output
+
+
+def test_agents_sdk_responses_model_agents_without_tools(live) -> None:
+    """The SDK's default model (Responses) sends ``tools: []`` for every agent without tools:
+    a plain agent and an agent with only an ``output_type`` both run."""
+    import agents
+    from agents import ModelSettings, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    sent: list[Any] = []
+
+    async def record(request: Any) -> None:
+        if request.url.path.endswith("/responses"):
+            sent.append(json.loads(request.content))
+
+    async def go(**options: Any) -> Any:
+        import httpx
+
+        http = httpx.AsyncClient(event_hooks={"request": [record]})
+        c = openai.AsyncOpenAI(base_url=live["url"] + "/v1", api_key=live["plain"],
+                               max_retries=0, http_client=http)
+        try:
+            agent = agents.Agent(
+                name="plain", instructions="Answer briefly.",
+                model=agents.OpenAIResponsesModel(model=MODEL, openai_client=c),
+                model_settings=ModelSettings(max_tokens=300, temperature=0), **options)
+            return await agents.Runner.run(agent, "Describe a city.", max_turns=2)
+        finally:
+            await c.close()
+
+    plain = asyncio.run(go())
+    assert isinstance(plain.final_output, str) and plain.final_output
+    assert sent[-1]["tools"] == []  # what the SDK sends, accepted as no tools
+    typed = asyncio.run(go(output_type=City))
+    assert isinstance(typed.final_output, City) and typed.final_output.name
+    assert sent[-1]["tools"] == [] and sent[-1]["text"]["format"]["type"] == "json_schema"
+
+
+def test_empty_tools_is_no_tools_on_both_endpoints(live) -> None:
+    c = client(live)
+    reply = c.chat.completions.create(model=MODEL, messages=ASK, tools=[], max_tokens=5)
+    assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+    resp = c.responses.create(model=MODEL, input="Hi", tools=[], max_output_tokens=5)
+    assert resp.output_text and resp.tools == []
+
+
+def test_the_developer_role_on_a_model_whose_template_lacks_it(live) -> None:
+    """The simulated model's template knows no ``developer`` role: it is rendered as
+    ``system`` (charged as such) on both endpoints, never refused."""
+    c = client(live)
+    asked = [{"role": "developer", "content": "Answer briefly."}, *ASK]
+    reply = c.chat.completions.create(model=MODEL, messages=asked, max_tokens=4)
+    assert reply.choices[0].message.content
+    as_system = [{"role": "system", "content": "Answer briefly."}, *ASK]
+    assert reply.usage.prompt_tokens == prompt_tokens(as_system)
+    resp = c.responses.create(model=MODEL, max_output_tokens=4, input=[
+        {"role": "developer", "content": "Answer briefly."}, *ASK])
+    assert resp.output_text and resp.usage.input_tokens == prompt_tokens(as_system)
+    # A refusal on /v1/responses names the field the client sent, never 'messages'.
+    with pytest.raises(openai.BadRequestError) as err:
+        c.responses.create(model=MODEL, input=[{"role": "narrator", "content": "x"}])
+    assert err.value.param == "input"
+
+
+def test_safety_identifier_is_recorded_as_the_end_user(live, redis_client) -> None:
+    c = client(live)
+    reply = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, user="old-id",
+                                      safety_identifier="user-42", prompt_cache_key="conv-1")
+    assert wait_record(redis_client, rid_of(reply.id))["end_user"] == "user-42"
+    resp = c.responses.create(model=MODEL, input="Hi", max_output_tokens=3,
+                              safety_identifier="user-43", prompt_cache_key="conv-1")
+    assert resp.safety_identifier == "user-43" and resp.prompt_cache_key == "conv-1"
+    assert wait_record(redis_client, resp.id.removeprefix("resp_"))["end_user"] == "user-43"
+    legacy = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, user="old-id")
+    assert wait_record(redis_client, rid_of(legacy.id))["end_user"] == "old-id"
+    raw = c.embeddings.with_raw_response.create(model=EMBED, input="x", user="emb-user")
+    assert wait_record(redis_client, raw.headers["x-request-id"])["end_user"] == "emb-user"
+    bare = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3)
+    assert wait_record(redis_client, rid_of(bare.id))["end_user"] is None
+    # verbosity is refused like every unsupported parameter, naming itself, on both endpoints.
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, verbosity="low")
+    assert (err.value.param, err.value.code) == ("verbosity", "unsupported_parameter")
+    with pytest.raises(openai.BadRequestError) as err:
+        c.responses.create(model=MODEL, input="Hi", text={"verbosity": "low"})
+    assert err.value.param == "text.verbosity"
 
 
 # -- the Responses API with the official client ----------------------------------------------------

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("tests.vllm_fixtures", reason="the real-vLLM fixtures are not here")
 
+from serving.tokenization import load_tokenizer
 from workers.engine.base import EngineRequest, SamplingParams
-from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 PROMPT = TOK.apply_chat_template([{"role": "user", "content": "Give me a city."}])

@@ -12,11 +12,11 @@ import pytest
 from gateway.inference.choices import Assembler, needs_assembler
 from gateway.inference.errors import ApiError
 from gateway.inference.pools import ModelInfo, PoolInfo
-from gateway.inference.requests import InferenceRequest, parse
+from gateway.inference.requests import InferenceRequest, end_user_id, parse
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.toolparsers import PARSERS, parse_required
 from gateway.inference.tools import constraint
-from workers.tokenization import load_tokenizer
+from serving.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 WEATHER = {"type": "function", "function": {
@@ -49,6 +49,25 @@ def test_tools_and_tool_choice_parse_to_plain_values() -> None:
     assert (named.tool_choice.mode, named.tool_choice.name) == ("function", "get_time")
     assert chat(tools=[WEATHER], tool_choice="none").tool_choice.mode == "none"
     assert chat().tool_choice.mode == "none"
+
+
+def test_newer_openai_fields_safety_identifier_prompt_cache_key_and_verbosity() -> None:
+    req = chat(safety_identifier="end-user-7", prompt_cache_key="k1", user="legacy")
+    assert (req.safety_identifier, req.prompt_cache_key) == ("end-user-7", "k1")
+    assert end_user_id(req) == "end-user-7"  # the current name wins over the older one
+    assert end_user_id(chat(user="legacy")) == "legacy" and end_user_id(chat()) is None
+    err = refused(verbosity="low")
+    assert (err.status, err.param, err.code) == (400, "verbosity", "unsupported_parameter")
+    assert refused(safety_identifier=7).param == "safety_identifier"
+    assert refused(prompt_cache_key="k" * 300).param == "prompt_cache_key"
+
+
+def test_an_empty_tools_list_means_no_tools() -> None:
+    """OpenAI accepts ``tools: []`` (the Agents SDK sends it for every agent without tools)."""
+    for choice in (None, "auto", "none"):
+        req = chat(tools=[], tool_choice=choice)
+        assert req.tools == () and req.tool_choice.mode == "none"
+    assert refused(tools=[], tool_choice="required").param == "tool_choice"
 
 
 @pytest.mark.parametrize(("fields", "param"), [
@@ -235,6 +254,58 @@ def test_named_function_streams_its_arguments() -> None:
     assert message["content"] is None
     assert message["tool_calls"][0]["id"] == calls[0]["id"]
     assert asm.choices()[0]["finish_reason"] == "stop"  # as OpenAI answers a forced function
+
+
+REQUIRED_OUT = ('[{"name": "get_weather", "parameters": {"city": "Os\\"lo", "n": {"a": [1]}}}, '
+                '{"name": "get_time", "parameters": {"tz": "UTC"}}]')
+
+
+def split(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 500])
+def test_required_calls_stream_name_first_then_argument_fragments(size: int) -> None:
+    req = chat(tools=[WEATHER, TIME], tool_choice="required")
+    asm = assemble(req)
+    chunks = stream(asm, split(REQUIRED_OUT, size))
+    deltas = [c["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["delta"]]
+    headers = [d for d in deltas if "id" in d]
+    assert [(d["index"], d["function"]["name"]) for d in headers] == [
+        (0, "get_weather"), (1, "get_time")]
+    parsed = parse_required(REQUIRED_OUT)
+    assert parsed is not None
+    for k, call in enumerate(parsed):
+        args = "".join(d["function"]["arguments"] for d in deltas if d["index"] == k)
+        assert json.loads(args) == json.loads(call.arguments)
+        # The name goes out before any of its arguments.
+        assert deltas.index(headers[k]) < min(i for i, d in enumerate(deltas)
+                                              if d["index"] == k and d["function"]["arguments"])
+    assert chunks[-1]["finish_reason"] == "tool_calls"
+    whole = asm.choices()[0]
+    assert [c["id"] for c in whole["message"]["tool_calls"]] == [h["id"] for h in headers]
+
+
+def test_a_required_call_cut_by_max_tokens_shows_its_name_and_partial_arguments() -> None:
+    req = chat(tools=[WEATHER, TIME], tool_choice="required")
+    cut = '[{"name": "get_weather", "parameters": {"city": "Os'
+    asm = assemble(req)
+    chunks = stream(asm, split(cut, 1), "length")  # as the simulated tokenizer writes it
+    deltas = [c["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["delta"]]
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Os'
+    assert chunks[-1]["finish_reason"] == "length"
+    assert not any(c["delta"].get("content") for c in chunks)
+    whole = assemble(req)
+    stream(whole, [cut], "length")
+    [choice] = whole.choices()
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"] == {
+        "name": "get_weather", "arguments": '{"city": "Os'}
+    # Cut before the name was complete: no call to show, the text is the content.
+    early = assemble(req)
+    stream(early, ['[{"name": "get_w'], "length")
+    assert early.choices()[0]["message"]["content"] == '[{"name": "get_w'
 
 
 def test_framed_choices_with_logprobs() -> None:

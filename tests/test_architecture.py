@@ -33,8 +33,8 @@ ALLOWED: dict[str, set[str]] = {
     "metering": {"infra", "tenants"},
     "serving": {"infra", "tenants", "metering"},
     "workers": {"infra", "tenants", "serving"},
-    # The inference API counts tokens with the engines' own tokenizer and resolves adapters
-    # with their catalog (workers.tokenization, workers.engine), so its counts match theirs.
+    # Only the wiring may name the worker package (test below): the HTTP apps count tokens and
+    # resolve adapters with serving.tokenization and serving.adapters, as the engines do.
     "gateway": {"infra", "tenants", "metering", "serving", "workers"},
 }
 
@@ -177,6 +177,14 @@ def test_the_serving_core_imports_no_http_app_and_not_the_worker_host() -> None:
     wrong = [_where(i) for i in imports() if top(i.module) == "serving"
              and (top(i.target) == "gateway" or i.target.startswith("workers"))]
     assert not wrong
+
+
+def test_no_http_app_imports_the_workers() -> None:
+    """The HTTP layer stops at the serving core: what it shares with the engines (sampling
+    parameters, the tokenizer, the adapter catalog, the schema check) lives in ``serving``."""
+    wrong = [_where(i) for i in imports()
+             if gateway_unit(i.module) in HTTP_APPS and top(i.target) == "workers"]
+    assert not wrong, "an HTTP app imports the worker package:\n" + "\n".join(wrong)
 
 
 def test_inside_gateway_no_two_parts_import_each_other() -> None:

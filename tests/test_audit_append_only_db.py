@@ -72,3 +72,19 @@ def test_postgresql_refuses_update_and_delete(statement):
             connection.cursor() as cur:
         cur.execute(statement)
     assert AuditEntry.objects.get().justification == "why"
+
+
+@pytest.mark.django_db
+def test_postgresql_refuses_truncate_of_a_non_empty_log():
+    """Review 3, N10: the row triggers do not fire on TRUNCATE, which emptied the log."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the suite's database is not PostgreSQL")
+    AuditEntry.objects.create(tenant_id=1, action="requested", actor_username="alice",
+                              record_id=uuid.uuid4(), justification="why")
+    for statement in ("TRUNCATE contentlog_auditentry",
+                      "TRUNCATE contentlog_auditentry RESTART IDENTITY CASCADE"):
+        with pytest.raises(Exception, match="append-only"), transaction.atomic(), \
+                connection.cursor() as cur:
+            cur.execute("SET LOCAL igw.audit_truncate = ''")  # what the application has
+            cur.execute(statement)
+    assert AuditEntry.objects.count() == 1

@@ -51,3 +51,9 @@ def test_fairness_bench_smoke(redis_client, tmp_path: Path) -> None:
     assert all(0 <= s <= 1 for s in weights["shares"].values())
     assert weights["rate"] > 0 and 0 <= weights["max_diff"] < math.inf
     assert weights["failed"] == 0
+    # The gateway's exported shares (igw_fair_service_share) equal the bench's own, within
+    # 2 percentage points, on the same 3:1:1 backlogged run (issue 29).
+    gauges = weights["gauge_shares"]
+    assert set(gauges) == set(weights["shares"])
+    for tenant, share in weights["shares"].items():
+        assert abs(gauges[tenant] - share) <= 0.02, (tenant, gauges, weights["shares"])

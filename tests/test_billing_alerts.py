@@ -13,8 +13,8 @@ from django.core import mail
 
 from metering.billing import alerts
 from metering.billing.models import AlertEvent, SpendAlert
-from tenants.auth import AuthError, authenticate, clear_cache
-from tenants.models import Tenant
+from tenants.auth import authenticate, clear_cache
+from tenants.models import ApiKey, Tenant
 from tests.factories import bearer
 from tests.worlds import build_world, price, record, roll_up, this_hour
 
@@ -40,7 +40,9 @@ def test_fires_once_per_period_and_again_next_period(world):
     _use(world, world.keys["member"], now - timedelta(minutes=20))
     fired = alerts.check_all(now)
     assert [e.value for e in fired] == [Decimal(3000)]
-    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["owner@example.test"]
+    # Owners and billing members hear about spend (issue 27).
+    assert len(mail.outbox) == 1
+    assert sorted(mail.outbox[0].to) == ["billing@example.test", "owner@example.test"]
     _use(world, world.keys["owner"], now - timedelta(minutes=10))
     assert alerts.check_all(now) == [] and alerts.check_all(now + timedelta(hours=1)) == []
     assert len(mail.outbox) == 1
@@ -76,10 +78,16 @@ def test_money_alert_per_key_with_hard_cap_suspends_only_that_key(world):
     _use(world, key, now, prompt=1000, completion=500)  # 1.00 + 1.00 = 2.00 > 1.5
     [event] = alerts.check_all(now)
     assert event.value == Decimal(2) and event.suspended
-    with pytest.raises(AuthError):
-        authenticate(bearer(world.plaintexts["member"]))
-    assert authenticate(bearer(world.plaintexts["owner"])).tenant_id == world.tenant.id
-    assert "suspended" in mail.outbox[0].body
+    # Over budget, not expired: the key still authenticates (so callers get 429
+    # insufficient_quota, not 401), its expiry is untouched, and it reads "over budget".
+    capped = ApiKey.objects.get(pk=key.pk)
+    assert capped.expires_at is None and capped.state() == "over budget"
+    assert authenticate(bearer(world.plaintexts["member"])).over_budget
+    assert not authenticate(bearer(world.plaintexts["owner"])).over_budget
+    assert "over budget" in mail.outbox[0].body and "insufficient_quota" in mail.outbox[0].body
+    assert "billing@example.test" in mail.outbox[0].to
+    assert capped.resume() and capped.state() == "active"
+    assert not authenticate(bearer(world.plaintexts["member"])).over_budget
 
 
 def test_tenant_wide_hard_cap_suspends_the_tenant(world):
@@ -144,5 +152,5 @@ def test_dead_webhook_does_not_stop_the_email(world, settings):
                               threshold=Decimal(1), webhook_url="http://127.0.0.1:9/nothing")
     _use(world, world.keys["owner"], now)
     [event] = alerts.check_all(now)
-    assert event.emailed == 1
+    assert event.emailed == 2  # the owner and the billing member
     assert alerts.deliver(event.pk).status == "unreachable"

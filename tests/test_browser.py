@@ -49,8 +49,8 @@ KEY_RE = re.compile(r"igw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}")
 THOUSANDS = re.compile(r"(?<![\d,])\d{1,3}(,\d{3})+(?![\d,])")
 DESKTOP = {"viewport": {"width": 1366, "height": 900}}
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
-PORTAL_PAGES = ["usage", "keys", "keys/new", "quotas", "playground", "reports", "alerts",
-                "content-logging", "members", "tokens"]
+PORTAL_PAGES = ["usage", "requests", "keys", "keys/new", "quotas", "playground", "reports",
+                "alerts", "content-logging", "members", "tokens"]
 
 pytestmark = [
     pytest.mark.integration,
@@ -403,6 +403,83 @@ def test_operator_issues_revokes_and_watches_pools_in_the_admin(browser, owner):
     page.click("text=View site")
     page.wait_for_url(url + "/")
     assert page.locator("h1", has_text="Inference gateway").count() == 1
+    page.context.close()
+
+
+def test_request_log_and_fairness_pages(browser, owner, redis_client):
+    """The tenant's request log (429s with their codes, filters) and the operator's live
+    fairness page with its charts (issue 29)."""
+    import time as _time
+
+    from django.utils import timezone
+
+    from metering import fairness
+    from metering.keys import pools_key
+    from metering.models import RequestLogEntry
+
+    url, tenant = owner["url"], owner["tenant"]
+    key, _ = make_key(tenant, name="app key")
+    now = timezone.now()
+    for i in range(12):
+        refused = i % 3 == 0
+        RequestLogEntry.objects.create(
+            request_id=f"req-browser-{i}", at=now - timedelta(seconds=30 * i), tenant=tenant,
+            api_key=key, end_user=f"user-{i % 4}", model_name=MODEL, pool_name=POOL,
+            status="refused" if refused else "ok", http_status=429 if refused else 200,
+            error_code="rate_limit_exceeded" if refused else "",
+            prompt_tokens=1_234 + i, completion_tokens=0 if refused else 321,
+            ttft_ms=None if refused else 180 + i, total_ms=4 if refused else 1_450 + i)
+    page = sign_in(browser, url)
+    page.click("nav >> text=Requests")
+    page.wait_for_url(re.compile(r"/portal/requests/"))
+    assert page.locator("#requests tbody tr").count() == 12
+    page.select_option("select[name=status]", "refused")
+    page.click("#request-filters button")
+    page.wait_for_url(re.compile(r"status=refused"))
+    rows = page.locator("#requests tbody tr")
+    assert rows.count() == 4
+    assert "rate_limit_exceeded" in rows.first.text_content()
+    page.select_option("select[name=status]", "")
+    page.click("#request-filters button")
+    page.wait_for_url(re.compile(r"status=&"))
+    snap(page, "requests")
+    page.context.close()
+    phone = sign_in(browser, url, PHONE)
+    phone.goto(f"{url}/portal/requests/?status=refused")
+    assert phone.locator("#requests tbody tr").count() == 4
+    assert_fits(phone)
+    snap(phone, "phone-requests")
+    phone.context.close()
+
+    # Three backlogged tenants of weights 3:1:1 sharing the pool, one of them short-changed.
+    r = redis_client
+    tenants = {"gold": (3, 0.40), "silver": (1, 0.35), "bronze": (1, 0.25)}
+    second = int(_time.time())
+    r.sadd(pools_key(), POOL)
+    for slug, (weight, share) in tenants.items():
+        t = make_tenant(slug)
+        r.hset(fairness.weights_key(POOL), str(t.pk), weight)
+        r.zadd(fairness.heads_key(POOL), {str(t.pk): 1})
+        for s in range(30):
+            r.hset(fairness.service_key(POOL, second - s), str(t.pk), 10_000 * share)
+        for s in range(20):
+            r.lpush(fairness.samples_key(POOL, t.pk),
+                    f"{second - s},{40 * s if slug != 'gold' else 5},{300 + 20 * s}")
+    make_user("fairness-operator", is_staff=True, is_superuser=True)
+    page = new_page(browser, DESKTOP)
+    page.goto(url + "/admin/login/")
+    page.fill("input[name=username]", "fairness-operator")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(url + "/admin/")
+    page.goto(url + "/admin/metering/usagerecord/fairness/")
+    section = page.locator(f'section[data-pool="{POOL}"]')
+    assert section.locator("tr.below").count() == 1  # gold: 0.4 of the service, owed 0.6
+    page.wait_for_function("""() => [...document.querySelectorAll('#fairness canvas')]
+                              .every(c => Chart.getChart(c))""")
+    page.wait_for_function("""() => Chart.getChart(document.querySelector('canvas.ratios'))
+                              .data.labels.length >= 2""", timeout=20_000)
+    snap(page, "admin-fairness")
     page.context.close()
 
 

@@ -43,10 +43,69 @@ def test_a_client_cannot_prepend_its_way_in(proxies):
     assert clientaddr.client_address(scope) == "203.0.113.7"
 
 
-def test_rfc7239_forwarded_wins(proxies):
-    scope = _scope("10.0.0.2", forwarded='for="[2001:db8::7]:443";proto=https, for=10.0.0.4',
-                   x_forwarded_for="198.51.100.1")
-    assert clientaddr.client_address(scope) == "2001:db8::7"
+def test_a_clients_forwarded_header_does_not_override_the_proxys(proxies):
+    """Review 3, N6: the proxy writes X-Forwarded-For and passes the client's ``Forwarded``
+    through; only the header the deployment names counts."""
+    scope = _scope("10.0.0.2", forwarded="for=127.0.0.1", x_forwarded_for="203.0.113.7")
+    assert clientaddr.client_address(scope) == "203.0.113.7"
+    assert not clientaddr.is_local(scope)
+    assert clientaddr.client_address(_scope("10.0.0.2", forwarded="for=127.0.0.1")) == "10.0.0.2"
+
+
+def test_rfc7239_forwarded_when_the_proxy_writes_it(proxies, settings):
+    settings.TRUSTED_PROXY_HEADER = "forwarded"
+    scope = _scope("10.0.0.2", forwarded='for=127.0.0.1, for="[2001:db8::7]:443";proto=https, '
+                   'for=10.0.0.4', x_forwarded_for="198.51.100.1")
+    assert clientaddr.client_address(scope) == "2001:db8::7"  # rightmost untrusted hop
+
+
+def test_x_real_ip_when_the_proxy_writes_it(proxies, settings):
+    settings.TRUSTED_PROXY_HEADER = "x-real-ip"
+    scope = _scope("10.0.0.2", x_real_ip="203.0.113.8", x_forwarded_for="127.0.0.1",
+                   forwarded="for=127.0.0.1")
+    assert clientaddr.client_address(scope) == "203.0.113.8"
+    assert clientaddr.client_address(_scope("198.51.100.4", x_real_ip="127.0.0.1")) == \
+        "198.51.100.4"
+
+
+@pytest.mark.django_db
+def test_a_clients_forwarded_header_neither_escapes_nor_aims_the_signin_lockout(proxies,
+                                                                               settings):
+    """12 wrong passwords with a fresh ``Forwarded: for=`` each were never locked out, and one
+    could lock out a chosen victim's address; now the proxy's X-Forwarded-For decides."""
+    from django.test import Client
+
+    from tests.worlds import PASSWORD, make_user
+
+    settings.AXES_FAILURE_LIMIT = 3
+    make_user("owner")
+
+    def attempt(password: str, client_ip: str, forged: str) -> int:
+        return Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR=client_ip,
+                      HTTP_FORWARDED=f"for={forged}").post(
+            "/portal/login/", {"username": "owner", "password": password}).status_code
+
+    statuses = [attempt("wrong", "203.0.113.7", f"198.51.100.{i}") for i in range(5)]
+    assert statuses[-1] == 429  # the attacker's own address is locked
+    assert attempt(PASSWORD, "203.0.113.7", "198.51.100.99") == 429
+    # The victim's address, named in the attacker's Forwarded headers, still signs in.
+    assert attempt(PASSWORD, "203.0.113.50", "203.0.113.7") == 302
+
+
+@pytest.mark.django_db
+def test_the_audit_row_records_the_proxys_client_not_the_clients_claim(proxies):
+    from rest_framework.test import APIClient
+
+    from tenants.models import ContentLoggingChange
+    from tests.worlds import build_world
+
+    world = build_world()
+    client = APIClient(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="203.0.113.7",
+                       HTTP_FORWARDED="for=192.0.2.66")
+    client.force_login(world.users["owner"])
+    assert client.put("/api/tenants/acme/content-logging/set/", {"enabled": True},
+                      format="json").status_code == 200
+    assert ContentLoggingChange.objects.get(tenant=world.tenant).remote_addr == "203.0.113.7"
 
 
 def test_garbage_stops_at_the_last_address_vouched_for(proxies):
@@ -125,6 +184,10 @@ def test_behind_a_local_proxy_metrics_follow_the_real_client(gateway):
     assert httpx.get(gateway + "/metrics").status_code == 200
     remote = httpx.get(gateway + "/metrics", headers={"X-Forwarded-For": "203.0.113.9"})
     assert remote.status_code == 403
+    # A client's own Forwarded header, passed through by the proxy, does not make it local.
+    forged = httpx.get(gateway + "/metrics", headers={"X-Forwarded-For": "203.0.113.9",
+                                                      "Forwarded": "for=127.0.0.1"})
+    assert forged.status_code == 403
     _, fingerprint = self_signed()
     ClientCertificate.objects.create(tenant=make_tenant("acme"), name="job",
                                      fingerprint_sha256=fingerprint)

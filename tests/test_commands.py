@@ -151,6 +151,66 @@ def test_revoke_key_refuses_an_ambiguous_prefix():
     assert not ApiKey.objects.filter(revoked_at__isnull=False).exists()
 
 
+# --- models and pools ------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_create_and_change_a_model_and_its_pools():
+    out, _ = run("create_model", "sim-embed-2", "--task", "embed", "--max-model-len", "4096")
+    model = ServedModel.objects.get(name="sim-embed-2")
+    assert (model.task, model.max_model_len, model.engine_model_id, model.tokenizer_path) == (
+        "embed", 4096, "sim-embed-2", "")
+    assert "Created model sim-embed-2 (task embed" in out
+    run("change_model", "sim-embed-2", "--max-model-len", "2048", "--engine-model-id", "e2")
+    model.refresh_from_db()
+    assert (model.max_model_len, model.engine_model_id, model.task) == (2048, "e2", "embed")
+
+    tenant = make_tenant("acme")
+    out, _ = run("create_pool", "embed-pool", "--model", "sim-embed-2", "--max-sequences", "8",
+                 "--set", "embedding_dim=128", "--set", "decode_tokens_per_s=500.5",
+                 "--dedicated-to", "acme")
+    pool = Pool.objects.get(name="embed-pool")
+    assert (pool.model, pool.backend, pool.max_sequences, pool.dedicated_to, pool.enabled) == (
+        model, Pool.Backend.SIMULATED, 8, tenant, True)
+    assert pool.backend_settings == {"embedding_dim": 128, "decode_tokens_per_s": 500.5}
+    assert "dedicated to acme" in out
+
+    other = make_model("sim-other")
+    run("change_pool", "embed-pool", "--model", "sim-other", "--shared", "--disable",
+        "--unset", "decode_tokens_per_s", "--set", "embedding_dim=64")
+    pool.refresh_from_db()
+    assert (pool.model, pool.dedicated_to, pool.enabled) == (other, None, False)
+    assert pool.backend_settings == {"embedding_dim": 64}
+    run("change_pool", "embed-pool", "--enable", "--region", "eu-1")
+    pool.refresh_from_db()
+    assert (pool.enabled, pool.region, pool.max_sequences) == (True, "eu-1", 8)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["create_model", "sim-small"], "already exists"),
+    (["create_model", "bad name"], "name:"),
+    (["create_model", "m2", "--task", "dance"], "--task:"),
+    (["create_model", "m2", "--max-model-len", "4"], "--max-model-len:"),
+    (["change_model", "ghost", "--max-model-len", "99"], "no model named 'ghost'"),
+    (["create_pool", "p2", "--model", "ghost"], "no model named 'ghost'"),
+    (["create_pool", "p2", "--model", "sim-small", "--backend", "warp"], "--backend:"),
+    (["create_pool", "p2", "--model", "sim-small", "--dedicated-to", "nobody"],
+     "no tenant with slug 'nobody'"),
+    (["create_pool", "p2", "--model", "sim-small", "--set", "warp_drive=9"], "warp_drive"),
+    (["create_pool", "p2", "--model", "sim-small", "--set", "novalue"], "expected KEY=VALUE"),
+    (["create_pool", "shared-one", "--model", "sim-small"], "already exists"),
+    (["change_pool", "ghost", "--disable"], "no pool named 'ghost'"),
+    (["change_pool", "shared-one", "--unset", "nothing"], "no such setting"),
+    (["change_pool", "shared-one", "--max-sequences", "0"], "--max-sequences:"),
+])
+@pytest.mark.django_db
+def test_model_and_pool_commands_refuse_bad_input(args, message):
+    Pool.objects.create(name="shared-one", model=make_model("sim-small"))
+    before = list(Pool.objects.values()), list(ServedModel.objects.values())
+    with pytest.raises(CommandError, match=re.escape(message)):
+        run(*args)
+    assert (list(Pool.objects.values()), list(ServedModel.objects.values())) == before
+
+
 # --- bootstrap_demo -----------------------------------------------------------------------------
 
 @pytest.mark.django_db
@@ -166,6 +226,10 @@ def test_bootstrap_demo_is_idempotent_and_prints_secrets_once(settings):
     assert model.tokenizer_path == ""
     pool = Pool.objects.get(name="sim-local")
     assert (pool.backend, pool.model) == (Pool.Backend.SIMULATED, model)
+    embed = Pool.objects.get(name="sim-embed-local")  # /v1/embeddings works at once
+    assert (embed.backend, embed.model.name, embed.model.task) == (
+        Pool.Backend.SIMULATED, "sim-embed", "embed")
+    assert "/v1/embeddings" in first and '"model": "sim-embed"' in first
     assert Quota.objects.filter(tenant__slug="demo", model=None).count() == 1
 
     counts = [m.objects.count() for m in (Tier, ServedModel, Pool, Tenant, Quota, ApiKey)]

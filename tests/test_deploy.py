@@ -221,6 +221,34 @@ def test_entrypoint_rejects_a_worker_without_a_pool() -> None:
     assert done.returncode != 0 and "pool" in done.stderr
 
 
+def test_the_image_starts_uvicorn_with_the_one_command_line(tmp_path: Path) -> None:
+    """Review 3: the entrypoint lacked --no-proxy-headers. The command line is built in one place
+    (infra.uvicorn_command) and the entrypoint's gateway role goes through it."""
+    from infra.uvicorn_command import uvicorn_argv
+
+    stub = tmp_path / "python3"  # the image's python, replaced by one that shows its arguments
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    stub.chmod(0o755)
+    done = subprocess.run(["sh", str(DEPLOY / "entrypoint.sh"), "gateway", "--log-level", "info"],
+                          capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin", "PORT": "8123"})
+    args = done.stdout.split()
+    assert args[:2] == ["-m", "infra.uvicorn_command"], done.stdout + done.stderr
+    command = uvicorn_argv("python3", args[2:])
+    assert command[:4] == ["python3", "-m", "uvicorn", "gateway.asgi:application"]
+    assert "--no-proxy-headers" in command and "--proxy-headers" not in command
+    assert command[command.index("--port") + 1] == "8123"
+    assert "gateway.httpproto:BoundedHttpToolsProtocol" in command
+    # Nowhere else writes a uvicorn command line for the gateway.
+    starts = re.compile(r"""-m["', ]+uvicorn""")
+    writers = [p.relative_to(ROOT).as_posix() for d in ("deploy", "gateway", "workers", "tests",
+                                                        "scripts", "infra")
+               for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".sh", "")
+               and p.is_file() and p.name != "test_deploy.py"
+               and starts.search(p.read_text(errors="ignore"))]
+    assert writers == ["infra/uvicorn_command.py"], writers
+
+
 # -- the entrypoint's roles, started here as the image starts them (no Docker needed) ---------
 
 
@@ -247,6 +275,7 @@ def test_entrypoint_starts_a_gateway_and_a_worker_that_serve(redis_client) -> No
                          "the worker to register", worker)
         # exec: the signalled process is the server itself, not a shell that would swallow it.
         assert "uvicorn" in " ".join(psutil.Process(gw.pid).cmdline())
+        assert "--no-proxy-headers" in psutil.Process(gw.pid).cmdline()
         assert "celery" in " ".join(psutil.Process(worker.pid).cmdline())
         answer = httpx.post(url + "/v1/chat/completions", timeout=30,
                             headers={"Authorization": f"Bearer {plain}"},

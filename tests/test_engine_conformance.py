@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serving.tokenization import load_tokenizer
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -48,7 +49,6 @@ from workers.engine.base import (
     TokenDelta,
 )
 from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
-from workers.tokenization import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SALT_A, SALT_B = "a" * 64, "b" * 64

@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from serving.guided import SchemaError, check_schema, sample_json
+from serving.tokenization import load_tokenizer
 from tests.test_sim_engine import generate_one, req
 from workers.engine.base import TokenDelta, TokenLogprob, Usage
-from workers.engine.guided import SchemaError, check_schema, sample_json
 from workers.engine.simulated import SimConfig, corpus_words
 from workers.host import combine, frame
-from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 CONFIG = SimConfig(kv_cache_tokens=8192, max_model_len=2048)

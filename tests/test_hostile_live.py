@@ -345,10 +345,13 @@ def test_a_spend_alert_on_a_key_fires_and_its_hard_cap_stops_only_that_key(live,
     assert AlertEvent.objects.filter(alert__tenant=tenant).count() == 1
 
     def refused() -> bool:
-        return httpx.get(live["url"] + "/v1/models", timeout=10, headers={
-            "Authorization": f"Bearer {plain}"}).status_code in (401, 403)
+        r = httpx.post(live["url"] + CHAT, timeout=30, headers={
+            "Authorization": f"Bearer {plain}"}, json={
+            "model": MODEL, "messages": HELLO, "max_tokens": 1})
+        # Over budget reads as what it is: 429 insufficient_quota, never 401 "expired".
+        return r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
 
-    procs.wait_until(refused, 5, "the suspended key to be refused by the running gateway")
+    procs.wait_until(refused, 5, "the over-budget key to be refused by the running gateway")
     assert httpx.get(live["url"] + "/v1/models", timeout=10, headers={
         "Authorization": f"Bearer {honest}"}).status_code == 200
 

@@ -8,13 +8,14 @@ import pytest
 
 from gateway.inference import pools
 from gateway.inference.errors import ApiError
+from tests import rkeys
 from tests.factories import make_model, make_pool, make_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def world():
+def world(redis_client):
     owner, other = make_tenant("adapter-owner"), make_tenant("adapter-other")
     base = make_model("base-8b")
     pool = make_pool(base, name="lora-pool", backend="openai_upstream", backend_settings={
@@ -23,6 +24,7 @@ def world():
             {"name": "support-bot", "tenant_id": owner.pk, "path": "/adapters/support-bot"},
         ]},
     })
+    rkeys.served(redis_client, pool.name)
     pools.forget_catalog()
     yield owner, other, pool
     pools.forget_catalog()

@@ -14,6 +14,7 @@ import json
 import math
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,16 +22,19 @@ import openai
 import pytest
 
 from infra.redis_conn import key
+from serving.tokenization import load_tokenizer
 from tenants.models import Pool
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.prom import value
-from workers.tokenization import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 POOL = "live-pool"
-IDLE_POOL = "idle-pool"  # a pool no worker serves: requests wait until their TTFT deadline
+# A pool whose only worker is wedged (heartbeats, never dispatches): requests wait until their
+# TTFT deadline.
+IDLE_POOL = "idle-pool"
+IDLE_WORKER = "idle-wedged"
 MODEL = "sim-live"
 IDLE_MODEL = "sim-idle"
 MAX_BYTES = 65_536
@@ -55,15 +59,18 @@ def ensure_pools() -> None:
 
 
 @pytest.fixture(scope="module")
-def system(live_system) -> dict[str, Any]:
-    return live_system(pool=POOL, worker_ids=["live-w1"], env=SERVER_ENV, prepare=ensure_pools)
+def system(live_system) -> Iterator[dict[str, Any]]:
+    with procs.wedged_worker(IDLE_POOL, IDLE_WORKER):
+        yield live_system(pool=POOL, worker_ids=["live-w1"], env=SERVER_ENV,
+                          prepare=ensure_pools)
 
 
 @pytest.fixture
 def live(system, redis_client) -> dict[str, Any]:
     ensure_pools()
-    # The flush removed the worker's registration; wait for its next heartbeat.
+    # The flush removed the workers' registrations; wait for their next heartbeats.
     procs.wait_for_worker(redis_client, POOL, "live-w1", system["worker"], timeout=10)
+    procs.wait_for_worker(redis_client, IDLE_POOL, IDLE_WORKER, timeout=10)
     return system
 
 
@@ -244,6 +251,61 @@ def test_models_lists_only_what_the_key_may_use(live) -> None:
         client(live["url"], narrow).models.retrieve(IDLE_MODEL)
 
 
+def test_a_model_is_listed_and_served_only_while_a_live_worker_serves_it(live, redis_client
+                                                                         ) -> None:
+    """The catalog follows the workers: a configured pool without a live worker is not in
+    /v1/models, and a request for its model is refused at once (a retryable 503 naming it,
+    nothing charged) instead of waiting for the first-token deadline."""
+    Pool.objects.get_or_create(name="late-pool", defaults={"model": make_model("sim-late")})
+    api_key, plain = tenant_key(ttft_deadline_s=20)
+    c = client(live["url"], plain)
+
+    def listed() -> bool:
+        return "sim-late" in {m.id for m in c.models.list()}
+
+    def refused_at_once() -> None:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as err:
+            c.chat.completions.create(model="sim-late", messages=HELLO, max_tokens=3)
+        assert time.monotonic() - started < 3  # not the 20 s first-token deadline
+        # model_not_served (no live worker) or, once routing has marked the dead pool down,
+        # routing's model_unavailable: both a retryable 503 naming the model.
+        assert err.value.status_code == 503
+        assert err.value.code in ("model_not_served", "model_unavailable")
+        assert "`sim-late`" in err.value.message and err.value.response.headers["retry-after"]
+        # Refused before admission: no request state, no counter, nothing charged.
+        rid = err.value.response.headers["x-request-id"]
+        assert not redis_client.exists(rkeys.req_key("late-pool", rid))
+        assert counters(redis_client, api_key)["conc_t"] == 0
+
+    def configured() -> bool:  # each gateway reads the pool table at most every 2 s
+        try:
+            c.chat.completions.create(model="sim-late", messages=HELLO, max_tokens=1)
+        except openai.NotFoundError:
+            return False
+        except openai.APIStatusError:
+            return True
+        raise AssertionError("served with no worker")
+
+    procs.wait_until(configured, 10, "the gateway to read the new pool")
+    assert not listed()
+    refused_at_once()
+    assert bucket_level(redis_client, "tenant", api_key.tenant_id, "in") is None
+    worker = procs.start_worker("late-pool", worker_id="late-w1", env=SERVER_ENV)
+    try:
+        procs.wait_for_worker(redis_client, "late-pool", "late-w1", worker)
+        procs.wait_until(listed, 10, "the served model to be listed")
+        reply = c.chat.completions.create(model="sim-late", messages=HELLO, max_tokens=3)
+        assert reply.choices[0].message.content
+    finally:
+        worker.stop()
+    # Stopped: unlisted once its heartbeat ages out (WORKER_DEAD_AFTER_SECONDS = 2).
+    procs.wait_until(lambda: not listed(), 10, "the unserved model to leave the list")
+    refused_at_once()
+    assert [r["status"] for r in usage_records(redis_client) if r["model"] == "sim-late"] == [
+        "ok"]
+
+
 # -- limits ----------------------------------------------------------------------------------
 
 
@@ -354,6 +416,8 @@ def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -
         return load.get(b"running") == b"0" and load.get(b"kv_tokens_used") == b"0"
 
     procs.wait_until(engine_idle, 5, "the engine to free the sequence's KV blocks")
+
+
 
 
 def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
@@ -478,7 +542,8 @@ BAD = [
     ("POST", "/v1/chat/completions",
      json.dumps({"model": MODEL, "messages": HELLO, "n": 99}).encode(), 400),
     ("POST", "/v1/chat/completions",
-     json.dumps({"model": MODEL, "messages": HELLO, "tools": []}).encode(), 400),
+     json.dumps({"model": MODEL, "messages": HELLO, "tools": [],
+                 "tool_choice": "required"}).encode(), 400),
     ("POST", "/v1/chat/completions",
      json.dumps({"model": MODEL, "messages": HELLO, "bogus": 1}).encode(), 400),
     ("POST", "/v1/chat/completions",

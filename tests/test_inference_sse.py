@@ -8,7 +8,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from gateway.inference import sse
-from gateway.inference.responses import ChunkTemplate, UsageCounts, completion_body
+from gateway.inference.bodies import ChunkTemplate, UsageCounts, completion_body
 
 
 def test_event_frames_with_and_without_id() -> None:

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from gateway.inference import idempotency, pools
-from gateway.inference.admission import size_request
 from gateway.inference.errors import ApiError
 from gateway.inference.pools import Catalog, ModelInfo, PoolInfo, PoolLoad
 from gateway.inference.requests import InferenceRequest
+from gateway.inference.sizing import size_request
 from tenants.limits import resolve
 from tests import rkeys
 

@@ -249,6 +249,18 @@ def test_prefix_cache_is_shared_within_a_tenant_never_across(live) -> None:
 
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
+def test_a_shared_prompt_cache_key_never_crosses_tenants(live) -> None:
+    """``prompt_cache_key`` is a hint inside the tenant's own cache scope (I1): another tenant
+    sending the same key and prompt gets nothing from this tenant's cache."""
+    prompt = [{"role": "user", "content": "Describe the harbour at dawn, slowly. " * 12}]
+    body = {"model": MODEL, "messages": prompt, "max_tokens": 2, "prompt_cache_key": "shared"}
+    assert _cached(_post(live, "owner", body)) == 0
+    assert _cached(_post(live, "owner", body)) > 0
+    assert _cached(_post(live, "outsider", body)) == 0
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
 def test_resume_and_models_for_the_trio(live) -> None:
     world = live["world"]
     Pool.objects.create(name="other-only", model=world.model, dedicated_to=world.other)
@@ -282,7 +294,8 @@ def test_another_tenants_private_model_is_unknown_on_v1(live) -> None:
             "Authorization": f"Bearer {world.plaintexts['other']}"}).json()
         return "sim-private" in {m["id"] for m in body["data"]}
 
-    procs.wait_until(listed_for_other, 10, "the gateway to read the new pool")
+    with procs.wedged_worker("private-pool", "private-w"):  # listed only while served
+        procs.wait_until(listed_for_other, 10, "the gateway to read the new pool")
     answers = []
     for model in ("sim-private", "no-such-model"):
         r = _post(live, "owner", {"model": model, "messages": LONG, "max_tokens": 1})

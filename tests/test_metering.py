@@ -14,6 +14,7 @@ from infra import leased_queue
 from infra.redis_conn import tenant_key
 from metering import rollups, writer
 from metering.admin import CappedCountPaginator
+from metering.keys import pools_key
 from metering.models import UsageRecord, UsageRollup
 from metering.tasks import flush_usage, rollup_usage
 from tests.prom import samples, value
@@ -42,7 +43,7 @@ POOL = "p"  # settlement pushes onto the request's pool's queue; the writer walk
 
 
 def push(redis_client, *records: dict) -> None:
-    redis_client.sadd(writer.pools_key(), POOL)
+    redis_client.sadd(pools_key(), POOL)
     redis_client.rpush(writer.pending_key(POOL), *(json.dumps(r) for r in records))
 
 
@@ -184,7 +185,10 @@ def test_admin_changelists_render(admin_client, redis_client) -> None:
     push(redis_client, record("shown"))
     rollup_usage()
     page = admin_client.get("/admin/metering/usagerecord/")
-    assert page.status_code == 200 and b"shown" in page.content
+    shown = UsageRecord.objects.get(request_id="shown")
+    # The list fits a 1366 px screen without the request id; each row links to its page.
+    assert page.status_code == 200
+    assert f"/admin/metering/usagerecord/{shown.pk}/change/".encode() in page.content
     assert admin_client.get("/admin/metering/usagerollup/").status_code == 200
 
 

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from gateway.inference import pools
 from gateway.inference.errors import ApiError
+from tests import rkeys
 from tests.factories import make_model, make_pool
 from tests.worlds import build_world, make_user
 
@@ -71,6 +72,7 @@ def test_v1_routing_answers_404_for_another_tenants_private_model(redis_client, 
     """Before: 503 ``no_pool``, which told the caller the model exists."""
     world = build_world()
     make_pool(make_model("private"), name="other-only", dedicated_to=world.other)
+    rkeys.served(redis_client, "other-only", world.pool.name)
     pools.forget_catalog()
     try:
         assert _choose("private", world.tenant.pk) == _choose("no-such-model", world.tenant.pk)

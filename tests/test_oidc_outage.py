@@ -104,6 +104,46 @@ def test_one_refetch_at_a_time(provider, flaky, rsa_key, settings):
     assert sorted(took)[-2] < 0.5  # only the thread that fetched waited for the provider
 
 
+def test_a_trickling_provider_is_cut_off_at_the_deadline(provider, flaky, rsa_key, settings):
+    """Review 3, N7: a JWKS trickled a byte every 0.2 s; each read came in time, so the old
+    per-read timeout never fired and the fetch held an identity thread for minutes."""
+    settings.OIDC_HTTP_TIMEOUT_SECONDS = 1.0
+    flaky.mode = "trickle"
+    started = time.monotonic()
+    _rejected(token(rsa_key))
+    assert time.monotonic() - started < 2.0
+    assert oidc.jwks_cache._source(flaky.url).failures == 1
+
+
+def test_one_slow_provider_holds_at_most_two_identity_threads(provider, flaky, rsa_key,
+                                                              settings):
+    """Six tokens of a provider we have no keys for, while its JWKS trickles: one thread
+    fetches, one waits, the other four are refused at once instead of each holding one of the
+    shared identity threads."""
+    settings.OIDC_HTTP_TIMEOUT_SECONDS = 1.0
+    settings.AUTH_CACHE_SECONDS = 30.0  # threads find the registration cached (no DB rows)
+    call(token(rsa_key))
+    oidc.jwks_cache.clear()  # ... but no keys: each thread needs the provider's JWKS
+    flaky.mode = "trickle"
+    took: list[float] = []
+
+    def one() -> None:
+        start = time.monotonic()
+        with contextlib.suppress(AuthError):
+            call(token(rsa_key))
+        took.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    slow = [t for t in took if t > 0.5]
+    assert len(took) == 6 and 1 <= len(slow) <= oidc.MAX_BLOCKED_PER_PROVIDER, took
+    assert flaky.fetches == 2  # the priming fetch and one trickled fetch
+    assert max(took) < 3.5
+
+
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_a_hanging_provider_does_not_delay_api_key_requests(redis_client, rsa_key):

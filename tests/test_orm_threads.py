@@ -15,6 +15,7 @@ from django.db import connection
 
 from gateway.inference import pools
 from gateway.inference.errors import ApiError
+from tests import rkeys
 from tests.factories import make_model, make_pool, make_tenant
 from tests.procs import arun
 
@@ -49,8 +50,9 @@ def fresh_catalog(monkeypatch):
     pools.forget_catalog()
 
 
-def test_a_pool_added_after_a_database_outage_becomes_routable(fresh_catalog):
+def test_a_pool_added_after_a_database_outage_becomes_routable(fresh_catalog, redis_client):
     tenant = make_tenant()
+    rkeys.served(redis_client, "late")  # a worker serves it once the table has it
     make_pool(make_model("before-model"), name="before")
     late_model = make_model("late-model")
     main = _backend_pid()  # the test's own connection stays up (pytest-django tears down on it)

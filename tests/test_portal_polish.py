@@ -149,8 +149,11 @@ def test_statement_rows_add_up_to_the_total(client, world):
               for k in (world.keys["owner"], world.keys["member"])])
     signed_in(client, world, "owner")
     page = client.get(reverse("portal:statement")).content.decode()
-    # Each row costs 0.0053 USD: shown as 0.01, and the total is the rows' 0.02, not 0.01.
-    assert page.count(">0.01 USD<") == 2 and ">0.02 USD<" in page
+    # Each row costs 0.0053 USD: the total is the exact 0.0106 rounded once (0.01, as every
+    # grouping shows it), and the rows are allocated by largest remainder so they add up to
+    # it: 0.01 and 0.00 (ADR 0013, amended).
+    assert page.count(">0.01 USD<") == 2 and page.count(">0.00 USD<") == 1
+    assert ">0.02 USD<" not in page
 
 
 def test_alerts_name_their_currency(world, settings):

@@ -20,13 +20,13 @@ from tests.worlds import build_world, record, roll_up, this_hour
 pytestmark = pytest.mark.django_db
 KEY_RE = re.compile(r"igw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}")
 
-PAGES = ["usage", "keys", "key_create", "quotas", "playground", "reports", "statement", "alerts",
-         "content_logging", "tokens", "members"]
+PAGES = ["usage", "requests", "keys", "key_create", "quotas", "playground", "reports", "statement",
+         "alerts", "content_logging", "tokens", "members"]
 # Who may open which page (others get 403).
 ALLOWED = {
     "owner": set(PAGES),
-    "member": {"usage", "keys", "key_create", "quotas", "playground"},
-    "billing": {"usage", "quotas", "reports", "statement", "alerts"},
+    "member": {"usage", "requests", "keys", "key_create", "quotas", "playground"},
+    "billing": {"usage", "requests", "quotas", "reports", "statement", "alerts"},
 }
 
 

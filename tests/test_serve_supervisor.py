@@ -235,11 +235,13 @@ def test_a_killed_pool_worker_ends_its_streams_with_worker_lost_and_comes_back(l
     def kill() -> None:
         os.kill(old, signal.SIGKILL)
         killed.append(time.monotonic())
+        # Its restarts fail too while the pool has a bad setting, so no pool worker's own
+        # janitor runs: the lost streams must be ended by the housekeeping worker that serve
+        # keeps running. (Set after the kill: serve restarts a running worker whose pool
+        # changed, which would drain these streams instead of losing them.)
+        Pool.objects.filter(name=GOOD).update(backend_settings={**SLOW, "warp_drive": 9})
         waiter.start()
 
-    # Its restarts fail too while the pool has a bad setting, so no pool worker's own janitor
-    # runs: the lost streams must be ended by the housekeeping worker that serve keeps running.
-    Pool.objects.filter(name=GOOD).update(backend_settings={**SLOW, "warp_drive": 9})
     try:
         outcomes = open_streams(url, plain, 8, LONG, kill)
     finally:
@@ -300,6 +302,74 @@ def test_killed_beat_and_housekeeping_come_back_and_streams_are_unaffected(live)
     assert f"housekeeping (pid {house}) exited unexpectedly: killed by SIGKILL" in log
 
 
+NEW, NEW_MODEL = "sv-new", "sim-sv-new"
+
+
+def worker_up(serve: procs.Proc, pool: str) -> int | None:
+    """The pid of serve's registered worker for ``pool``, or None."""
+    try:
+        pid = child_pid(serve, f"--engine-pool {pool}")
+    except (AssertionError, psutil.Error):
+        return None
+    members = get_redis().zrange(rkeys.workers_key(pool), 0, -1)
+    return pid if any(f"-{pid}-" in m.decode() for m in members) else None
+
+
+def no_worker(serve: procs.Proc, pool: str, pid: int) -> bool:
+    try:
+        child_pid(serve, f"--engine-pool {pool}")
+        return False
+    except psutil.Error:  # a child went while we listed them: look again
+        return False
+    except AssertionError:
+        try:
+            return not alive(psutil.Process(pid))
+        except psutil.Error:
+            return True
+
+
+def test_a_pool_added_disabled_and_re_enabled_while_serve_runs_is_started_and_stopped(live):
+    """Issue 28: serve follows the pool table within seconds; the other pools never stop."""
+    url, serve, plain = live["url"], live["serve"], live["plain"]
+    good = child_pid(serve, f"--engine-pool {GOOD}")
+    t0 = time.monotonic()
+    Pool.objects.create(name=NEW, model=make_model(NEW_MODEL), max_sequences=8)
+    try:
+        pid = procs.wait_until(lambda: worker_up(serve, NEW), 40, "the added pool's worker",
+                               serve)
+        added_s = time.monotonic() - t0
+        reply = client(url, plain).chat.completions.create(
+            model=NEW_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+        assert reply.choices[0].finish_reason == "length"
+        t1 = time.monotonic()
+        Pool.objects.filter(name=NEW).update(enabled=False)
+        procs.wait_until(lambda: no_worker(serve, NEW, pid), 30, "the disabled pool's worker "
+                         "stopped", serve)
+        disabled_s = time.monotonic() - t1
+        assert serve_status.read(NEW) is None
+        t2 = time.monotonic()
+        Pool.objects.filter(name=NEW).update(enabled=True)
+        again = procs.wait_until(lambda: worker_up(serve, NEW), 40, "the re-enabled pool's "
+                                 "worker", serve)
+        enabled_s = time.monotonic() - t2
+        assert again != pid
+        # A change to what the worker reads at start restarts it with the new configuration.
+        Pool.objects.filter(name=NEW).update(max_sequences=4)
+        third = procs.wait_until(lambda: (p := worker_up(serve, NEW)) not in (None, again)
+                                 and p, 40, "the changed pool's worker restarted", serve)
+        assert third not in (pid, again)
+        print(f"\nlifecycle: added -> serving {added_s:.1f} s, disabled -> stopped "
+              f"{disabled_s:.1f} s, re-enabled -> serving {enabled_s:.1f} s")
+        assert max(added_s, enabled_s) < 30 and disabled_s < 15
+        assert child_pid(serve, f"--engine-pool {GOOD}") == good  # never touched
+        log = serve.logs()
+        assert f"pool {NEW} disabled; stopping its worker" in log
+        assert f"pool {NEW} changed; stopping its worker" in log
+        completes(url, plain)
+    finally:
+        Pool.objects.filter(name=NEW).update(enabled=False)
+
+
 @pytest.fixture
 def client_admin(client, django_user_model):
     admin = django_user_model.objects.create_superuser("sv-admin", "a@example.com", "x")
@@ -323,7 +393,7 @@ def test_a_stopping_gateway_ends_open_streams_with_a_retryable_error(redis_clien
         waiting: list[faults.Outcome] = []
 
         def stop() -> None:
-            # One more, for a pool no worker serves: queued, nothing sent yet.
+            # One more, for a pool whose only worker is wedged: queued, nothing sent yet.
             queued = threading.Thread(target=lambda: waiting.append(
                 stream_once(url, plain, {**LONG, "model": BAD_MODEL})))
             queued.start()
@@ -333,7 +403,9 @@ def test_a_stopping_gateway_ends_open_streams_with_a_retryable_error(redis_clien
             stopped.append(time.monotonic())
             queued.join(10)
 
-        outcomes = open_streams(url, plain, 4, LONG, stop)
+        with procs.wedged_worker(BAD, "sv-bad-wedged"):
+            procs.wait_for_worker(redis_client, BAD, "sv-bad-wedged", timeout=10)
+            outcomes = open_streams(url, plain, 4, LONG, stop)
         # Without this, uvicorn would wait for 2000-token streams (100 s) to finish.
         assert [o.error for o in outcomes] == ["server_shutdown"] * 4, outcomes
         assert max(o.ended - stopped[0] for o in outcomes) < 3.0

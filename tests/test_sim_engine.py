@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from serving.tokenization import load_tokenizer
 from workers.engine.base import EngineError, EngineRequest, SamplingParams, TokenDelta
 from workers.engine.clock import RealClock, VirtualClock, VirtualDeadlock, run_virtual
 from workers.engine.simulated import Fault, SimConfig, SimulatedEngine
-from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 PROMPT = TOK.apply_chat_template([{"role": "user", "content": "Tell me about the gateway."}])

@@ -10,12 +10,17 @@ import random
 import jsonschema
 
 from gateway.inference.toolparsers import parse_hermes
-from serving.wire import pack_sampling, unpack_sampling
+from serving.tokenization import load_tokenizer
+from serving.wire import SamplingParams, pack_sampling, unpack_sampling
 from tests.test_sim_engine import generate_one, req
-from workers.engine.base import SamplingParams
-from workers.engine.simtools import last_message, name_parts, offered_tools, tool_call_text
+from workers.engine.simtools import (
+    last_message,
+    name_parts,
+    offered_tools,
+    schema_in_prompt,
+    tool_call_text,
+)
 from workers.engine.simulated import SimConfig
-from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer(None)
 CONFIG = SimConfig(kv_cache_tokens=8192, max_model_len=2048)
@@ -97,3 +102,37 @@ def test_a_schema_the_sampler_cannot_walk_means_text_not_a_failure() -> None:
         broken = {"type": "function", "function": {"name": "get_weather",
                                                     "parameters": params}}
         assert tool_call_text(rendered(ASK, [broken]), random.Random(1)) is None, params
+
+
+# -- json_object: the schema the prompt holds ------------------------------------------------
+
+JOKE = {"type": "object", "properties": {
+    "setup": {"type": "string"}, "punchline": {"type": "string"},
+    "rating": {"type": "integer", "minimum": 1, "maximum": 10}},
+    "required": ["setup", "punchline", "rating"]}
+
+
+def test_a_schema_in_the_prompt_is_found_fenced_or_bare() -> None:
+    fenced = f"Answer in JSON.\n```json\n{json.dumps(JOKE, indent=2)}\n```\nThanks."
+    assert schema_in_prompt(fenced) == JOKE
+    # instructor's Mode.JSON: the schema inline, after prose; the type defaults to object.
+    bare = {k: v for k, v in JOKE.items() if k != "type"}
+    found = schema_in_prompt(f"match the following json_schema:\n\n{json.dumps(bare)}\n\nok")
+    assert found == {**bare, "type": "object"}
+    # An object without "properties" (a tool definition, an example) is not a schema.
+    assert schema_in_prompt(rendered(ASK, [WEATHER])) is None
+    assert schema_in_prompt('Return {"a": 1} as JSON.') is None
+    assert schema_in_prompt("No braces here { at all") is None
+    # A schema the sampler cannot honour is ignored (any object is written instead).
+    assert schema_in_prompt(json.dumps({"properties": {"x": {"pattern": "^a"}}})) is None
+
+
+def test_json_object_follows_the_schema_in_the_prompt() -> None:
+    ask = [{"role": "system", "content": "Reply with JSON matching this schema:\n```\n"
+            + json.dumps(JOKE) + "\n```"}, {"role": "user", "content": "Tell me a joke."}]
+    prompt = TOK.apply_chat_template(ask)
+    run = generate_one(CONFIG, req("joke", prompt, max_tokens=400, json_object=True))
+    jsonschema.validate(json.loads(run.text), JOKE)
+    plain = generate_one(CONFIG, req("plain", TOK.apply_chat_template(ASK), max_tokens=400,
+                                     json_object=True))
+    assert isinstance(json.loads(plain.text), dict)  # no schema in the prompt: any object

@@ -97,6 +97,32 @@ def test_suspending_the_tenant_ends_its_running_stream(live, redis_client) -> No
     assert wait_record(redis_client, rid)["status"] == "cancelled"
 
 
+def test_a_key_that_expires_mid_stream_ends_its_stream(live, redis_client) -> None:
+    """Review 3, N11: expiry changes no epoch, so the watcher never re-checked the key and
+    the stream ran on to its end after the key had expired."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.factories import make_key, make_tenant
+
+    expires = timezone.now() + timedelta(seconds=2)
+    _, plain = make_key(make_tenant(), expires_at=expires)
+    stream = client(live["url"], plain).chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=2000, stream=True,
+        extra_body={"ignore_eos": True})
+    chunks, rid = 0, ""
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            rid = rid or rid_of(chunk.id)
+            chunks += 1
+    late = (timezone.now() - expires).total_seconds()
+    print(f"expiry to end of stream: {late:.3f} s after {chunks} chunks")
+    assert late < 1.0, late
+    assert "Incorrect API key" in str(err.value)
+    assert wait_record(redis_client, rid)["status"] == "cancelled"
+
+
 def test_other_keys_streams_carry_on(live, redis_client) -> None:
     """An unrelated revocation changes the epoch too: the stream is re-checked and goes on."""
     other, _ = tenant_key()

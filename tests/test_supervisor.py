@@ -226,3 +226,53 @@ def test_hurry_kills_what_is_left_without_waiting_out_the_timeouts(sink) -> None
     started = time.monotonic()
     sup.stop()
     assert time.monotonic() - started < 5 and gone(pid)
+
+
+def test_a_child_added_while_others_run_starts_and_a_retired_one_goes_for_good(sink) -> None:
+    """What serve does when a pool is added, disabled or changed: the others never stop."""
+    rec = Recorder()
+    sup = Supervisor([ChildSpec("a", SLEEPER)], backoff=FAST, listener=rec, output=sink,
+                     ready_after_s=0.1)
+    sup.start()
+    a = sup.children["a"].pid
+    added = sup.add(ChildSpec("b", SLEEPER))
+    run_until(sup, lambda: added.state is State.RUNNING, 10, "b running")
+    with pytest.raises(ValueError):
+        sup.add(ChildSpec("b", SLEEPER))  # one child per name
+    b = added.pid
+    assert b is not None
+    sup.retire("b")
+    run_until(sup, lambda: "b" not in sup.children, 10, "b dropped")
+    assert gone(b) and rec.of("b", "stopped") and not rec.of("b", "exited")
+    # The name is free again: the same pool re-enabled, a new process.
+    again = sup.add(ChildSpec("b", SLEEPER))
+    run_until(sup, lambda: again.state is State.RUNNING, 10, "b running again")
+    assert again.pid != b and sup.children["a"].pid == a and sup.children["a"].alive()
+    sup.stop()
+    assert gone(a) and again.pid is not None and gone(again.pid)
+
+
+def test_a_retired_child_that_ignores_its_signal_is_killed_after_its_timeout(sink) -> None:
+    stubborn = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                " print('up', flush=True); time.sleep(600)"]
+    sup = Supervisor([ChildSpec("s", stubborn, stop_timeout_s=0.5)], output=sink,
+                     ready_after_s=0.1)
+    sup.start()
+    child = sup.children["s"]
+    run_until(sup, lambda: "up" in child.output(), 10, "s up")
+    pid = child.pid
+    started = time.monotonic()
+    sup.retire("s")
+    run_until(sup, lambda: "s" not in sup.children, 10, "s killed")
+    assert 0.4 < time.monotonic() - started < 5 and pid is not None and gone(pid)
+
+
+def test_a_child_between_restarts_is_retired_at_once(sink) -> None:
+    sup = Supervisor([ChildSpec("c", [PY, "-c", "raise SystemExit(3)"])],
+                     backoff=Backoff(base_s=30, cap_s=30), output=sink)
+    sup.start()
+    child = sup.children["c"]
+    run_until(sup, lambda: child.state is State.RESTARTING, 10, "c exited")
+    sup.retire("c")
+    sup.poll()
+    assert "c" not in sup.children

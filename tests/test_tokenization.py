@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.tokenization import (
+from serving.tokenization import (
     ChatTemplateError,
     IncrementalDetokenizer,
     load_tokenizer,
@@ -32,7 +32,7 @@ def stream(ids: list[int], use_byte_table: bool = True) -> list[str]:
 
 def test_default_is_the_packaged_sim_model_and_cached():
     assert load_tokenizer(None) is load_tokenizer("") is load_tokenizer(str(sim_model_dir()))
-    packaged = resources.files("workers").joinpath("assets/sim-model/tokenizer.json")
+    packaged = resources.files("serving").joinpath("assets/sim-model/tokenizer.json")
     assert packaged.is_file()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (sim_model_dir() / name).stat().st_size < 500 * 1024
@@ -136,3 +136,21 @@ def test_build_script_is_deterministic_and_committed_files_are_current():
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_developer_role_maps_to_what_each_template_supports(tmp_path):
+    """OpenAI's ``developer`` role is rendered as ``system`` by a template that does not know
+    it (the simulated model's), and kept by one that names it."""
+    msgs = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    as_system = [{"role": "system", "content": "Be brief."}, msgs[1]]
+    assert TOK.developer_role == "system"
+    assert TOK.apply_chat_template(msgs) == TOK.apply_chat_template(as_system)
+    knows = tmp_path / "knows"
+    knows.mkdir()
+    shutil.copy(sim_model_dir() / "tokenizer.json", knows / "tokenizer.json")
+    (knows / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] == 'developer' %}D:{% endif %}"
+        "{{ m['content'] }}|{% endfor %}")
+    tok = load_tokenizer(str(knows))
+    assert tok.developer_role == "developer"
+    assert tok.decode(tok.apply_chat_template(msgs)) == "D:Be brief.|hi|"

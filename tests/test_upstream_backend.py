@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
-from workers.engine.adapters import Adapter, AdapterCatalog
+from serving.adapters import Adapter, AdapterCatalog
+from serving.tokenization import load_tokenizer
 from workers.engine.base import EngineError, EngineRequest, FinishReason, SamplingParams
 from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
 from workers.engine.upstream import SSEData, UpstreamEngine, UpstreamSettings, build_body
-from workers.tokenization import load_tokenizer
 
 TOK = load_tokenizer()
 IDS = TOK.encode("Fair queueing bounds who waits; quotas bound how much a tenant takes.")

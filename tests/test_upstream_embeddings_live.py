@@ -21,10 +21,10 @@ import httpx
 import openai
 import pytest
 
+from serving.tokenization import load_tokenizer
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_pool, make_tenant
 from tests.test_engine_conformance import LLAMA_MISSING, Server
-from workers.tokenization import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from serving.adapters import Adapter, AdapterCatalog
+from serving.tokenization import load_tokenizer, sim_model_dir
 from tests.vllm_fixtures import MISSING
-from workers.engine.adapters import Adapter, AdapterCatalog
 from workers.engine.base import EngineError, EngineRequest, FinishReason, SamplingParams
 from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
 from workers.engine.vllm_backend import (
@@ -35,7 +36,6 @@ from workers.engine.vllm_backend import (
     build_generate_call,
     map_error,
 )
-from workers.tokenization import load_tokenizer, sim_model_dir
 
 TOK = load_tokenizer()
 VOCAB = TOK.vocab_size
@@ -167,7 +167,7 @@ def test_another_tenant_naming_an_adapter_gets_not_found_like_any_unknown_model(
 
 
 def test_the_api_layer_resolves_adapters_per_tenant() -> None:
-    from workers.engine.adapters import AdapterNotFound
+    from serving.adapters import AdapterNotFound
 
     assert CATALOG.resolve("support", 7).path == "/loras/7/support"
     assert CATALOG.visible_names(7) == ["support"]

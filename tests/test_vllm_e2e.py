@@ -25,11 +25,11 @@ import openai
 import pytest
 
 from infra.redis_conn import get_redis
+from serving.tokenization import load_tokenizer
 from tenants.models import Pool
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.vllm_fixtures import KV_BYTES, MAX_MODEL_LEN, TinyModel
-from workers.tokenization import load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -9,14 +9,21 @@ import json
 import signal
 import sys
 import time
+from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 
 from infra.redis_conn import get_redis, key
+from metering.keys import pool_names
 from serving import wfq
 from serving.admission import AdmissionLimits, ScopeLimits
+from serving.budgets import UnitPrices, counter_key
 from serving.keys import deadlines_key, inflight_key
 from serving.submission import ErrorEvent, FinishEvent, Rejection, TokenEvent, submit
+from serving.tokenization import load_tokenizer
+from serving.wire import SamplingParams
+from tenants.budgets import BudgetRule, window
 from tests import rkeys
 from tests.factories import make_model, make_pool
 from tests.procs import (
@@ -29,13 +36,13 @@ from tests.procs import (
     wait_for_worker,
     wait_until,
 )
-from workers.engine.base import SamplingParams
-from workers.tokenization import load_tokenizer
 
 # django_db: the session then sets up the test database, which the module fixture fills.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.django_db]
 
 WORKER_ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "1.5"}
+BUDGET_PRICES = UnitPrices.per_mtok("USD", Decimal(3), Decimal(1), Decimal(15))
+KILL_BUDGET = BudgetRule(1, "tenant", "8", "money", 10**9, "USD", "month")
 LIMITS = AdmissionLimits(
     tenant=ScopeLimits(input_tpm=1_000_000, output_tpm=1_000_000, concurrent_requests=50,
                        open_streams=50),
@@ -132,7 +139,7 @@ def assert_all_released(r, timeout: float = 5.0) -> None:
     while (left := held()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not left, {k: r.get(k) for k in left}
-    assert all(r.zcard(deadlines_key(pool)) == 0 for pool in rkeys.pools(r))
+    assert all(r.zcard(deadlines_key(pool)) == 0 for pool in pool_names(r))
 
 
 def test_three_tenants_complete_and_settle(workers, redis_client):
@@ -311,7 +318,9 @@ def test_killed_worker_ends_requests_with_retryable_error_and_another_serves_the
                                 pool="it-kill", prompt_token_ids=prompt(f"Job {i}."),
                                 sampling=SamplingParams(max_tokens=500 if i == 0 else 8,
                                                         ignore_eos=True),
-                                limits=LIMITS, stream=True, request_id=f"kill-{i}")
+                                limits=LIMITS, stream=True, request_id=f"kill-{i}",
+                                budget_rules=[KILL_BUDGET] if i == 0 else (),
+                                prices=BUDGET_PRICES)
 
         async def main():
             doomed = asyncio.create_task(run_request(await job(0)))
@@ -333,6 +342,11 @@ def test_killed_worker_ends_requests_with_retryable_error_and_another_serves_the
         record = wait_for_record("kill-0")
         assert record["status"] == "error" and record["error_code"] == "worker_lost"
         assert record["completion_tokens"] == tokens  # billed exactly what was delivered
+        # Its money budget holds exactly that too (docs/adr/0022): the reservation of 500
+        # tokens went back but for the delivered ones, to the micro-unit.
+        label = window("month", datetime.now(UTC)).label
+        assert int(redis_client.get(counter_key(8, KILL_BUDGET, label))) == \
+            BUDGET_PRICES.micro_cost(record["prompt_tokens"], record["cached_tokens"], tokens)
         for _t, n, end in others:  # still queued when the first worker died: served by w2
             assert isinstance(end, FinishEvent) and n == 8
         records = usage_records()

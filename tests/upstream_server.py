@@ -46,6 +46,7 @@ class WireServer:
         self.engine = engine
         self.model = model
         self.adapters = adapters  # LoRA names served as models, as `vllm serve --lora-modules`
+        self.fail_status = 0  # POST /debug/fail {"status": 503}: every completion fails so
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -61,6 +62,12 @@ class WireServer:
             await _json(send, 200, {"object": "list", "data": cards})
         elif method == "GET" and path == "/debug/load":
             await _json(send, 200, asdict(self.engine.load()))
+        elif method == "POST" and path == "/debug/fail":
+            self.fail_status = int(json.loads(await _body(receive) or b"{}").get("status") or 0)
+            await _json(send, 200, {"status": self.fail_status})
+        elif method == "POST" and path == "/v1/completions" and self.fail_status:
+            await _body(receive)
+            await _json(send, self.fail_status, _error("injected failure", self.fail_status))
         elif method == "POST" and path == "/v1/completions":
             await self._completions(receive, send)
         else:
@@ -200,6 +207,15 @@ async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
+
+
+async def _body(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
 
 
 async def _event(send: Send, payload: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """A tiny random-weight Llama in Hugging Face format, and LoRA adapters for it, made locally.
 
 vLLM loads it like any model directory: ``config.json``, ``model.safetensors`` and the repo's
-own simulated tokenizer (``workers/assets/sim-model``), so vLLM's tokenizer and the gateway's
+own simulated tokenizer (``serving/assets/sim-model``), so vLLM's tokenizer and the gateway's
 are the same files and their counts agree one to one. Nothing is downloaded.
 
 The shape is the smallest vLLM's CPU attention backend takes (``head_dim`` >= 32): 128 wide,
@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from workers.tokenization import sim_model_dir
+from serving.tokenization import sim_model_dir
 
 HIDDEN = 128
 HEADS = 4

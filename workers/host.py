@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,6 +55,7 @@ from celery import bootsteps
 from celery.signals import worker_shutting_down
 from django.conf import settings
 
+from infra import quietlog, tracing
 from infra.redis_conn import get_async_redis, new_async_pubsub_client
 from serving import admission, janitor, settlement, transport
 from serving.keys import inflight_key, pools_key, worker_key, workers_key
@@ -114,6 +115,12 @@ class _Running:
     choice_ids: tuple[str, ...] = ()
     choice_tasks: tuple[asyncio.Task[TokenDelta | None], ...] = ()
     embedding: bool = False  # an embeddings request: pooled, not generated
+    # Tracing (infra.tracing), only while it is on: the gateway's context and when each phase
+    # began (ns since the epoch), turned into spans when the request settles.
+    trace: Any = None
+    popped_ns: int = 0  # dispatched to this worker (the queue wait ends)
+    submitted_ns: int = 0  # handed to the engine (prefill begins)
+    first_ns: int = 0  # its first output (decode begins)
 
     @property
     def started(self) -> bool:
@@ -283,6 +290,8 @@ class EngineHost:
 
     def _start(self, rid: str, kv_tokens: int, tenant: str = "", tag: float = 0.0) -> None:
         self.running[rid] = _Running(rid, kv_tokens, tenant=tenant, tag=tag)
+        if tracing.enabled():
+            self.running[rid].popped_ns = time.time_ns()
         self._kv_reserved += kv_tokens
         if tenant:
             self._per_tenant[tenant] += 1
@@ -340,6 +349,8 @@ class EngineHost:
             if claim is None:  # settled while it was being dispatched (cancel, deadline)
                 await self._redis.srem(self.inflight, rid)
                 return
+            if entry.popped_ns:
+                self._trace_dispatch(entry, claim.payload.get("trace"))
             entry.cancel_reason = entry.cancel_reason or claim.cancel_reason
             if entry.cancel_reason:
                 event = transport.finish_event(FinishReason.ABORT, usage_of(0, 0, 0))
@@ -358,6 +369,30 @@ class EngineHost:
         finally:
             self._freed(rid)
 
+    def _trace_dispatch(self, entry: _Running, carried: bytes | None) -> None:
+        """Join the gateway's trace: the queue wait (enqueue -> dispatch) and the hand-over."""
+        found = tracing.from_carrier(carried)
+        if found is None:
+            return
+        entry.trace, enqueued_ns = found
+        where = {"pool": self.spec.name, "worker": self.worker_id, "tenant__id": entry.tenant}
+        tracing.record(entry.trace, "queue_wait", enqueued_ns, entry.popped_ns, **where)
+        tracing.record(entry.trace, "dispatch", entry.popped_ns, time.time_ns(), **where)
+
+    def _trace_engine(self, entry: _Running, now_ns: int, status: str,
+                      error_code: str | None, prompt: int | None, output: int | None) -> None:
+        """The engine's prefill (hand-over -> first output) and decode (-> the end)."""
+        if not entry.submitted_ns:
+            return
+        first = entry.first_ns or now_ns
+        where = {"pool": self.spec.name, "worker": self.worker_id}
+        tracing.record(entry.trace, "engine.prefill", entry.submitted_ns, first,
+                       gen_ai__usage__input_tokens=prompt, **where)
+        if entry.first_ns:
+            tracing.record(entry.trace, "engine.decode", entry.first_ns, now_ns,
+                           gen_ai__usage__output_tokens=output, status=status,
+                           error=error_code if status != Status.OK else None, **where)
+
     def _engine_request(self, rid: str, payload: dict[str, bytes],
                         tag: float = 0.0) -> EngineRequest:
         return EngineRequest(
@@ -369,7 +404,7 @@ class EngineHost:
             # behind its share has the smaller tag), docs/adr/0017.
             priority=int(payload.get("priority") or 0) or int(tag),
             # The tenant's LoRA adapter, if the request named one; the engine loads it only for
-            # a request carrying its owner's salt (workers.engine.adapters).
+            # a request carrying its owner's salt (serving.adapters).
             adapter=(payload.get("adapter") or b"").decode() or None,
         )
 
@@ -378,6 +413,8 @@ class EngineHost:
         step for engines that batch (``Engine.stream``): keep it cheap and never raise.
 
         ``choice`` is set for framed requests (see ``_run_choices``)."""
+        if entry.trace is not None and not entry.first_ns:
+            entry.first_ns = time.time_ns()
         if entry.pending:
             self._set_pending(entry, 0)  # first output: its prompt is prefilled
             if len(self.running) < self.spec.max_sequences:
@@ -490,6 +527,8 @@ class EngineHost:
         if request.sampling.embed_segments:
             await self._embed(entry, request)
             return
+        if entry.trace is not None:
+            entry.submitted_ns = time.time_ns()
         if framed(request):
             entry.stream = self._run_choices(entry, request)
         else:
@@ -556,6 +595,7 @@ class EngineHost:
         u = last.usage
         prompt, cached, out = (u.prompt_tokens, u.cached_prompt_tokens, u.output_tokens) if u \
             else (None, 0, None)
+        event: Mapping[str, str | int]  # a finish event carries its usage, an error event not
         if entry.broken:  # billed for what reached its stream (the delivered count)
             status, code, out = Status.ERROR, "stream_broken", None
             event = transport.error_event("stream_broken", "Part of the response was lost; "
@@ -580,8 +620,13 @@ class EngineHost:
 
     async def _settle(self, rid: str, status: str, finish_reason: str | None,
                       prompt: int | None, cached: int, output: int | None, *,
-                      error_code: str | None, event: dict[str, Any]) -> bool:
+                      error_code: str | None, event: Mapping[str, str | int]) -> bool:
         """Queue the settle behind this request's last tokens, in the next step's pipeline."""
+        entry = self.running.get(rid)
+        traced, began = None, 0
+        if entry is not None and entry.trace is not None:
+            traced, began = entry.trace, time.time_ns()
+            self._trace_engine(entry, began, status, error_code, prompt, output)
         keys, args = settlement.settle_call(
             self.spec.name, rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt,
             cached_tokens=cached, output_tokens=output, error_code=error_code, event=event,
@@ -604,6 +649,9 @@ class EngineHost:
         done = settlement.parse_settle(rid, reply)
         if done is not None:
             await settlement.finish_async(done, self._redis)
+        if traced is not None:
+            tracing.record(traced, "settlement", began, time.time_ns(), pool=self.spec.name,
+                           status=status, error_code=error_code, settled=done is not None)
         return done is not None
 
     async def _settle_once(self, rid: str, keys: list[str], args: list[Any]) -> Any:
@@ -676,7 +724,7 @@ class EngineHost:
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
 
     async def _on_cancel(self, data: bytes | str) -> None:
         text = data.decode() if isinstance(data, bytes) else data
@@ -719,6 +767,7 @@ class EngineHost:
         keys = [workers_key(self.spec.name), worker_key(self.spec.name, self.worker_id, "reaped"),
                 worker_key(self.spec.name, self.worker_id, "load")]
         await self._redis.sadd(pools_key(), self.spec.name)  # the janitor walks the pools
+        await quietlog.aflush(self._redis)  # repeated warnings' counts reach /metrics
         if not await script("heartbeat").run_async(self._redis, keys, args):
             await self._rejoin()
 
@@ -933,6 +982,7 @@ class EngineHostStep(bootsteps.StartStopStep):
     def start(self, parent: Any) -> None:
         assert self.pool_name
         spec = EngineSpec.load(self.pool_name)
+        tracing.setup("inference-gateway-worker")  # only if OTEL_* asks for it
         host = EngineHost(spec, build_engine(spec), self.worker_id)
         self.runner = HostThread(host)
         self.runner.start()
@@ -948,6 +998,7 @@ class EngineHostStep(bootsteps.StartStopStep):
         if self.runner is not None:
             self.runner.stop(self.runner.host.drain_timeout_s + 30)
             self.runner = None
+        tracing.shutdown()  # the last spans go out before the process ends
 
     def shutdown(self, parent: Any) -> None:
         self.stop(parent)

@@ -61,7 +61,7 @@ class Backoff:
     cap_s: float = 30.0
 
     def delay(self, streak: int) -> float:
-        return min(self.cap_s, self.base_s * 2 ** max(0, streak - 1))
+        return min(self.cap_s, self.base_s * 2.0 ** max(0, streak - 1))
 
 
 @dataclass
@@ -79,6 +79,7 @@ class State(enum.StrEnum):
     STARTING = "starting"  # started, its ready check not yet true
     RUNNING = "running"
     RESTARTING = "restarting"  # exited; waiting out the backoff
+    RETIRING = "retiring"  # told to stop for good (``retire``); dropped once it has exited
     STOPPED = "stopped"
 
 
@@ -98,6 +99,7 @@ class Child:
     # Exited crash_limit times within crash_window_s; cleared once it is ready again.
     failing: bool = False
     _reader: threading.Thread | None = None
+    kill_at: float = 0.0  # while retiring: SIGKILL to its group from then on
 
     @property
     def name(self) -> str:
@@ -142,11 +144,42 @@ class Supervisor:
         for name in names if names is not None else list(self.children):
             self._spawn(self.children[name])
 
+    def add(self, spec: ChildSpec) -> Child:
+        """Start a new child while the others run (a pool added or re-enabled under ``serve``).
+
+        Its name must be free: a child of that name still retiring must be gone first.
+        """
+        if spec.name in self.children:
+            raise ValueError(f"a child named {spec.name} is still supervised")
+        child = self.children[spec.name] = Child(spec)
+        self._spawn(child)
+        return child
+
+    def retire(self, name: str, now: float | None = None) -> None:
+        """Stop one child for good without waiting (a pool disabled or changed under ``serve``).
+
+        It gets its stop signal now; ``poll`` sends SIGKILL to its group after its
+        ``stop_timeout_s`` and drops it once it has exited (event ``stopped``), so the name is
+        free again. A child between restarts is dropped at the next ``poll``.
+        """
+        child = self.children[name]
+        if child.state is State.RETIRING:
+            return
+        now = time.monotonic() if now is None else now
+        child.state = State.RETIRING
+        child.kill_at = now + child.spec.stop_timeout_s
+        if child.alive():
+            assert child.popen is not None
+            log.info("stopping %s (pid %d) for good", name, child.popen.pid)
+            _kill_group(child.popen.pid, child.spec.stop_signal)
+
     def poll(self, now: float | None = None) -> None:
         """Reap exits, restart what is due, check readiness. Call it a few times a second."""
         now = time.monotonic() if now is None else now
-        for child in self.children.values():
-            if child.state in (State.STARTING, State.RUNNING) and not child.alive():
+        for child in list(self.children.values()):
+            if child.state is State.RETIRING:
+                self._retiring(child, now)
+            elif child.state in (State.STARTING, State.RUNNING) and not child.alive():
                 assert child.popen is not None
                 self._exited(child, describe_exit(child.popen.returncode), now)
             elif child.state is State.STARTING and self._is_ready(child):
@@ -162,6 +195,21 @@ class Supervisor:
             if child.state is State.RUNNING and child.streak \
                     and now - child.started_at >= self.stable_after_s:
                 child.streak = 0  # ran long enough: the next exit starts a new streak
+
+    def _retiring(self, child: Child, now: float) -> None:
+        if child.alive():
+            if now >= child.kill_at:
+                assert child.popen is not None
+                log.warning("%s did not stop within %.0f s; killing it", child.name,
+                            child.spec.stop_timeout_s)
+                _kill_group(child.popen.pid, signal.SIGKILL)
+            return
+        if child.popen is not None:
+            _kill_group(child.popen.pid, signal.SIGKILL)  # leftovers of an exited leader
+        del self.children[child.name]
+        child.state = State.STOPPED
+        log.info("%s stopped for good", child.name)
+        self._emit(child, "stopped")
 
     def _is_ready(self, child: Child) -> bool:
         if child.spec.ready is None:  # no probe: up for a moment (a crash at start is not up)

@@ -48,19 +48,45 @@ def permission_name(model: type[Model], method: str) -> str:
 
 def has_platform_perm(request: Request, model: type[Model], method: str | None = None) -> bool:
     user = staff_user(request)
-    return user is not None and user.has_perm(permission_name(model, method or request.method))
+    return user is not None and user.has_perm(
+        permission_name(model, method or request.method or "GET"))
 
 
 def role_in(request: Request, tenant: Tenant) -> str | None:
     token = token_of(request)
     if token is not None:
         return token.role if token.tenant_id == tenant.pk else None
-    role = (Membership.objects.filter(user_id=request.user.pk, tenant=tenant)
+    uid = request.user.pk
+    if uid is None:  # signed out: no memberships
+        return None
+    role = (Membership.objects.filter(user_id=uid, tenant=tenant)
             .values_list("role", flat=True).first())
     if role is None and staff_user(request) is not None:
-        role = (StaffGrant.objects.active().filter(user_id=request.user.pk, tenant=tenant)
+        role = (StaffGrant.objects.active().filter(user_id=uid, tenant=tenant)
                 .values_list("role", flat=True).first())
     return role
+
+
+def acts_under_grant(request: Request, tenant: Tenant) -> bool:
+    """Is the caller in this tenant only by a ``StaffGrant`` (no membership of their own)?"""
+    uid = request.user.pk
+    if token_of(request) is not None or staff_user(request) is None or uid is None:
+        return False
+    return (not Membership.objects.filter(user_id=uid, tenant=tenant).exists()
+            and StaffGrant.objects.active().filter(user_id=uid, tenant=tenant).exists())
+
+
+def refuse_under_grant(request: Request, tenant: Tenant, what: str) -> None:
+    """A grant is time-limited support access: it must not mint access that outlives it.
+
+    So whoever acts only by a grant may not invite people, change or remove memberships, or
+    issue or rotate API keys (review 3, N5: a grant holder invited themselves as owner and kept
+    the tenant after the grant was revoked). Platform staff issue keys through the admin, with
+    the permission for it, on the record.
+    """
+    if acts_under_grant(request, tenant):
+        raise PermissionDenied(f"Staff acting under a time-limited grant cannot {what}: it "
+                               "would outlast the grant. Ask an owner of the tenant.")
 
 
 def tenant_ids(request: Request) -> list[int]:
@@ -68,10 +94,12 @@ def tenant_ids(request: Request) -> list[int]:
     token = token_of(request)
     if token is not None:
         return [token.tenant_id]
-    ids = set(Membership.objects.filter(user_id=request.user.pk).values_list("tenant_id",
-                                                                             flat=True))
+    uid = request.user.pk
+    if uid is None:  # signed out: no memberships
+        return []
+    ids = set(Membership.objects.filter(user_id=uid).values_list("tenant_id", flat=True))
     if staff_user(request) is not None:
-        ids |= set(StaffGrant.objects.active().filter(user_id=request.user.pk)
+        ids |= set(StaffGrant.objects.active().filter(user_id=uid)
                    .values_list("tenant_id", flat=True))
     return sorted(ids)
 

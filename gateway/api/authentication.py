@@ -53,7 +53,8 @@ class ManagementTokenAuthentication(authentication.BaseAuthentication):
         return self.keyword
 
 
-class ManagementTokenScheme(OpenApiAuthenticationExtension):
+# drf-spectacular leaves the extension's __init_subclass__ (its registry hook) unannotated.
+class ManagementTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     target_class = ManagementTokenAuthentication
     name = "managementToken"
 

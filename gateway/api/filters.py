@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, time, timedelta
+from typing import TypeVar
 
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
+
+_M = TypeVar("_M", bound=Model)
 
 TIME_PARAMS = [
     OpenApiParameter("start", OpenApiTypes.DATETIME, description="From (inclusive), ISO 8601."),
@@ -50,7 +53,7 @@ def key_param(request: Request) -> int | None:
     return int(raw)
 
 
-def filter_usage(qs: QuerySet, request: Request, time_field: str) -> QuerySet:
+def filter_usage(qs: QuerySet[_M], request: Request, time_field: str) -> QuerySet[_M]:
     params = request.query_params
     start = parse_time("start", params["start"]) if params.get("start") else None
     end = parse_time("end", params["end"]) if params.get("end") else None

@@ -12,6 +12,7 @@ platform.register("tenants", views.TenantViewSet, basename="tenant")
 platform.register("models", views.ServedModelViewSet, basename="model")
 platform.register("pools", views.PoolViewSet, basename="pool")
 platform.register("prices", views.PriceViewSet, basename="price")
+platform.register("routes", views.RouteViewSet, basename="route")
 platform.register("reports/usage", views.PlatformReportView, basename="platform-report")
 
 scoped = SimpleRouter()
@@ -21,11 +22,15 @@ scoped.register("invitations", views.InvitationViewSet, basename="invitation")
 scoped.register("quotas", views.QuotaViewSet, basename="quota")
 scoped.register("usage", views.UsageRecordViewSet, basename="usage")
 scoped.register("rollups", views.UsageRollupViewSet, basename="rollup")
+scoped.register("requests", views.RequestLogViewSet, basename="request-log")
 scoped.register("reports", views.ReportViewSet, basename="report")
 scoped.register("exports", views.ExportJobViewSet, basename="export")
 scoped.register("alerts", views.SpendAlertViewSet, basename="alert")
 scoped.register("tokens", views.ManagementTokenViewSet, basename="token")
 scoped.register("content-logging", views.ContentLoggingViewSet, basename="content-logging")
+scoped.register("projects", views.ProjectViewSet, basename="project")
+scoped.register("budgets", views.BudgetViewSet, basename="budget")
+scoped.register("fallbacks", views.TenantFallbackViewSet, basename="fallback")
 
 @csrf_exempt  # it changes nothing; a CSRF 403 page would hide the 404
 def not_found(request: HttpRequest) -> JsonResponse:

@@ -6,18 +6,20 @@ decided by admin actions that go through ``breakglass`` (so every decision is au
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import admin, messages
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Model, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 
 from gateway.contentlog import breakglass
 from gateway.contentlog.models import AuditEntry, BreakGlassGrant, ContentRecord, TenantKey
 from tenants.models import Tenant
 
+_M = TypeVar("_M", bound=Model)
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+
+class ReadOnlyAdmin(admin.ModelAdmin[_M]):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -28,13 +30,17 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+RECORD_FIELDS: tuple[str, ...] = ("id", "tenant", "request_id", "created_at", "expires_at",
+                                  "key_version")
+KEY_FIELDS: tuple[str, ...] = ("tenant", "version", "active", "master_kid", "created_at")
+
+
 @admin.register(ContentRecord)
-class ContentRecordAdmin(ReadOnlyAdmin):
+class ContentRecordAdmin(ReadOnlyAdmin[ContentRecord]):
     list_display = ["request_id", "tenant", "created_at", "expires_at", "key_version"]
     list_filter = ["tenant"]
     list_select_related = ["tenant"]
-    fields = ["id", "tenant", "request_id", "created_at", "expires_at", "key_version"]
-    readonly_fields = fields
+    fields = readonly_fields = RECORD_FIELDS
     show_full_result_count = False  # no COUNT(*) over a large table
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ContentRecord]:
@@ -42,11 +48,10 @@ class ContentRecordAdmin(ReadOnlyAdmin):
 
 
 @admin.register(TenantKey)
-class TenantKeyAdmin(ReadOnlyAdmin):
+class TenantKeyAdmin(ReadOnlyAdmin[TenantKey]):
     list_display = ["tenant", "version", "active", "master_kid", "created_at"]
     list_select_related = ["tenant"]
-    fields = ["tenant", "version", "active", "master_kid", "created_at"]
-    readonly_fields = fields
+    fields = readonly_fields = KEY_FIELDS
 
 
 class AuditTenantFilter(admin.SimpleListFilter):
@@ -59,12 +64,14 @@ class AuditTenantFilter(admin.SimpleListFilter):
         return [(str(pk), name) for pk, name in Tenant.objects.order_by("name")
                 .values_list("pk", "name")]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[AuditEntry]) -> Any:
-        return queryset.filter(tenant_id=self.value()) if self.value() else queryset
+    def queryset(self, request: HttpRequest,
+                 queryset: QuerySet[AuditEntry]) -> QuerySet[AuditEntry]:
+        tenant_id = self.value()
+        return queryset.filter(tenant_id=tenant_id) if tenant_id else queryset
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(ReadOnlyAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin[AuditEntry]):
     list_display = ["created_at", "actor_username", "action", "tenant_name", "grant_id",
                     "request_id"]
     list_filter = ["action", AuditTenantFilter]
@@ -81,7 +88,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
 
 @admin.register(BreakGlassGrant)
-class BreakGlassGrantAdmin(ReadOnlyAdmin):
+class BreakGlassGrantAdmin(ReadOnlyAdmin[BreakGlassGrant]):
     list_display = ["pk", "tenant", "requested_by", "state", "approved_by", "self_approved",
                     "records_from", "records_until", "access_until"]
     list_filter = ["state", "self_approved", "tenant"]
@@ -93,11 +100,11 @@ class BreakGlassGrantAdmin(ReadOnlyAdmin):
         # The actions need "change" to be offered; fields stay read-only.
         return request.user.has_perm(breakglass.APPROVE_PERM)
 
-    @admin.action(description="Approve selected break-glass requests")
+    @admin.action(description="Approve selected break-glass requests", permissions=["change"])
     def approve_selected(self, request: HttpRequest, queryset: QuerySet[BreakGlassGrant]) -> None:
         self._decide(request, queryset, breakglass.approve)
 
-    @admin.action(description="Deny selected break-glass requests")
+    @admin.action(description="Deny selected break-glass requests", permissions=["change"])
     def deny_selected(self, request: HttpRequest, queryset: QuerySet[BreakGlassGrant]) -> None:
         self._decide(request, queryset, breakglass.deny)
 

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.mail import mail_admins, send_mail
 from django.db import transaction
 from django.db.models import QuerySet
@@ -51,19 +51,19 @@ class DecryptedRecord:
     response: Any
 
 
-def _staff_with(user: AbstractBaseUser, perm: str) -> None:
+def _staff_with(user: User, perm: str) -> None:
     if not (user.is_active and getattr(user, "is_staff", False) and user.has_perm(perm)):
         raise BreakGlassDenied(f"needs an active staff account with {perm}")
 
 
-def _audit(grant: BreakGlassGrant, action: str, user: AbstractBaseUser, **extra: Any) -> None:
+def _audit(grant: BreakGlassGrant, action: str, user: User, **extra: Any) -> None:
     AuditEntry.objects.create(
         tenant_id=grant.tenant_id, grant_id=grant.pk, action=action, actor_id=user.pk,
         actor_username=user.get_username(), justification=grant.justification, **extra,
     )
 
 
-def request_access(user: AbstractBaseUser, tenant: Tenant, justification: str,
+def request_access(user: User, tenant: Tenant, justification: str,
                    records_from: datetime, records_until: datetime,
                    duration: timedelta) -> BreakGlassGrant:
     _staff_with(user, REQUEST_PERM)
@@ -85,7 +85,7 @@ def request_access(user: AbstractBaseUser, tenant: Tenant, justification: str,
     return grant
 
 
-def approve(grant: BreakGlassGrant, approver: AbstractBaseUser) -> BreakGlassGrant:
+def approve(grant: BreakGlassGrant, approver: User) -> BreakGlassGrant:
     _staff_with(approver, APPROVE_PERM)
     self_approval = approver.pk == grant.requested_by_id
     if self_approval and not settings.BREAKGLASS_SELF_APPROVAL:
@@ -111,18 +111,18 @@ def approve(grant: BreakGlassGrant, approver: AbstractBaseUser) -> BreakGlassGra
     return grant
 
 
-def deny(grant: BreakGlassGrant, user: AbstractBaseUser) -> None:
+def deny(grant: BreakGlassGrant, user: User) -> None:
     _decide_closed(grant, user, BreakGlassGrant.State.DENIED, AuditEntry.Action.DENIED,
                    from_states=[BreakGlassGrant.State.PENDING])
 
 
-def revoke(grant: BreakGlassGrant, user: AbstractBaseUser) -> None:
+def revoke(grant: BreakGlassGrant, user: User) -> None:
     """End an approved grant early (its requester or any approver)."""
     _decide_closed(grant, user, BreakGlassGrant.State.REVOKED, AuditEntry.Action.REVOKED,
                    from_states=[BreakGlassGrant.State.APPROVED, BreakGlassGrant.State.PENDING])
 
 
-def _decide_closed(grant: BreakGlassGrant, user: AbstractBaseUser, state: str, action: str,
+def _decide_closed(grant: BreakGlassGrant, user: User, state: str, action: str,
                    from_states: list[str]) -> None:
     if user.pk != grant.requested_by_id:
         _staff_with(user, APPROVE_PERM)
@@ -149,7 +149,7 @@ def records_in_scope(grant: BreakGlassGrant) -> QuerySet[ContentRecord]:
     ).order_by("created_at").defer("ciphertext")
 
 
-def read_records(grant: BreakGlassGrant, user: AbstractBaseUser, *,
+def read_records(grant: BreakGlassGrant, user: User, *,
                  record_ids: list[str] | None = None, limit: int = 50,
                  now: datetime | None = None) -> list[DecryptedRecord]:
     """Decrypt records under a grant; every record is audited before its plaintext is returned."""
@@ -162,10 +162,9 @@ def read_records(grant: BreakGlassGrant, user: AbstractBaseUser, *,
     rows = records_in_scope(grant).defer(None)
     if record_ids is not None:
         rows = rows.filter(pk__in=record_ids)
-    rows = list(rows[:limit])
-    out = []
+    out: list[DecryptedRecord] = []
     with transaction.atomic():
-        for row in rows:
+        for row in list(rows[:limit]):
             # The audit row is written first: if it cannot be written, nothing is decrypted.
             _audit(grant, AuditEntry.Action.DECRYPTED, user, record_id=row.pk,
                    request_id=row.request_id)
@@ -180,7 +179,8 @@ def read_records(grant: BreakGlassGrant, user: AbstractBaseUser, *,
 
 def audit_entries_for_tenant(tenant: Tenant | int) -> QuerySet[AuditEntry]:
     """The portal's view: audit entries about this tenant's data, newest first."""
-    return AuditEntry.objects.filter(tenant_id=getattr(tenant, "pk", tenant))
+    return AuditEntry.objects.filter(
+        tenant_id=tenant.pk if isinstance(tenant, Tenant) else tenant)
 
 
 def grants_for_tenant(tenant: Tenant | int) -> QuerySet[BreakGlassGrant]:

@@ -140,7 +140,8 @@ def wrap_dek(dek: bytes, tenant_id: int, version: int) -> tuple[str, bytes]:
     return mk.kid, _seal(mk.secret, dek, _dek_aad(tenant_id, version, mk.kid))
 
 
-def unwrap_dek(kid: str, wrapped: bytes, tenant_id: int, version: int) -> bytes:
+# BinaryField values read back from PostgreSQL are memoryviews.
+def unwrap_dek(kid: str, wrapped: bytes | memoryview, tenant_id: int, version: int) -> bytes:
     return _open(_master(kid).secret, bytes(wrapped), _dek_aad(tenant_id, version, kid))
 
 
@@ -154,7 +155,8 @@ def seal_record(dek: bytes, tenant_id: int, record_id: object, plaintext: bytes)
     return _seal(dek, plaintext, _record_aad(tenant_id, record_id))
 
 
-def open_record(dek: bytes, tenant_id: int, record_id: object, blob: bytes) -> bytes:
+def open_record(dek: bytes, tenant_id: int, record_id: object,
+                blob: bytes | memoryview) -> bytes:
     return _open(dek, bytes(blob), _record_aad(tenant_id, record_id))
 
 

@@ -17,7 +17,7 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from gateway.contentlog import crypto, keys
-from gateway.contentlog.models import AuditEntry, ContentRecord
+from gateway.contentlog.models import AuditEntry, ContentRecord, TenantKey
 from tenants.models import Tenant
 
 PURGE_BATCH = 1000
@@ -60,7 +60,7 @@ def shred_tenant_content(tenant: Tenant | int, actor: str = "system") -> tuple[i
     (replicas, backups of the records table) is ciphertext nobody can open. Returns (keys,
     records) deleted. Tenant deletion does the same through the FK cascade.
     """
-    tenant_id = getattr(tenant, "pk", tenant)
+    tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
     with transaction.atomic():
         destroyed = keys.destroy_keys(tenant_id)
         records = ContentRecord.objects.for_tenant(tenant_id).delete()[0]
@@ -78,7 +78,7 @@ def reencrypt_tenant(tenant: Tenant | int, batch: int = 500) -> int:
     the new version, row by row in conditional UPDATEs (a record already moved is skipped), so
     an interrupted run can simply be run again. Returns the number of records re-sealed.
     """
-    tenant_id = getattr(tenant, "pk", tenant)
+    tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
     version = keys.new_version(tenant_id)
     new_dek = keys.dek_for(tenant_id, version)
     old: dict[int, bytes] = {}
@@ -99,6 +99,6 @@ def reencrypt_tenant(tenant: Tenant | int, batch: int = 500) -> int:
     # A drain that loaded the old key just before the switch may still have written under it:
     # only versions no record names are destroyed; a rerun moves and destroys the rest.
     in_use = ContentRecord.objects.for_tenant(tenant_id).values("key_version")
-    keys.TenantKey.objects.filter(tenant_id=tenant_id, active=False).exclude(
+    TenantKey.objects.filter(tenant_id=tenant_id, active=False).exclude(
         version__in=in_use).delete()
     return moved

@@ -122,7 +122,7 @@ class AppendOnlyQuerySet(models.QuerySet["AuditEntry"]):
     def update(self, **kwargs: Any) -> NoReturn:
         raise PermissionError("the break-glass audit log is append-only")
 
-    def delete(self) -> NoReturn:  # type: ignore[override]
+    def delete(self) -> NoReturn:
         raise PermissionError("the break-glass audit log is append-only")
 
 
@@ -162,9 +162,10 @@ class AuditEntry(models.Model):
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.actor_username} {self.action}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None or kwargs.get("force_update"):
+        pk: int | None = self.pk  # None until saved, though the stubs type it int
+        if pk is not None or kwargs.get("force_update"):
             raise PermissionError("the break-glass audit log is append-only")
         super().save(*args, **kwargs)
 
-    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise PermissionError("the break-glass audit log is append-only")

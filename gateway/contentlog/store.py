@@ -37,7 +37,7 @@ from django.utils import timezone
 from gateway.contentlog import crypto, keys
 from gateway.contentlog.models import ContentRecord
 from infra.leased_queue import LeasedQueue
-from infra.redis_conn import get_async_redis, get_redis, key, tag
+from infra.redis_conn import get_async_redis, get_redis, key, tag, text
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _count_failure(field: str, exc: BaseException) -> None:
 def stats() -> dict[str, int]:
     """Counters: enqueued, written, write_failures, enqueue_failures, dropped_*."""
     raw = get_redis().hgetall(stats_key())
-    return {k.decode(): int(v) for k, v in raw.items()}
+    return {text(k): int(v) for k, v in raw.items()}
 
 
 # --- drain (Celery worker) --------------------------------------------------------------------
@@ -248,4 +248,6 @@ def write_record(tenant_id: int, request_id: str, prompt: Any, response: Any,
 def decrypt_record(record: ContentRecord) -> dict[str, Any]:
     """Open one record. Only ``breakglass.read_records`` may call this (it writes the audit)."""
     dek = keys.dek_for(record.tenant_id, record.key_version)
-    return json.loads(crypto.open_record(dek, record.tenant_id, record.id, record.ciphertext))
+    body: dict[str, Any] = json.loads(
+        crypto.open_record(dek, record.tenant_id, record.id, record.ciphertext))
+    return body

@@ -13,6 +13,8 @@ from django import forms
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
@@ -22,6 +24,14 @@ from gateway.contentlog import breakglass
 from gateway.contentlog.display import as_messages
 from gateway.contentlog.models import BreakGlassGrant
 from tenants.models import Tenant
+
+
+def staff_user(request: HttpRequest) -> User:
+    """The signed-in user of a view behind ``staff_member_required`` (never anonymous)."""
+    user = request.user
+    if not isinstance(user, User):
+        raise PermissionDenied("Sign in as staff.")
+    return user
 
 
 class DateTimePicker(forms.DateTimeInput):
@@ -52,14 +62,15 @@ def index(request: HttpRequest) -> HttpResponse:
         d = form.cleaned_data
         try:
             breakglass.request_access(
-                request.user, d["tenant"], d["justification"], d["records_from"],
+                staff_user(request), d["tenant"], d["justification"], d["records_from"],
                 d["records_until"], timedelta(minutes=d["duration_minutes"]),
             )
         except (breakglass.BreakGlassDenied, ValueError) as exc:
             form.add_error(None, str(exc))
         else:
             return redirect("breakglass:index")
-    grants = BreakGlassGrant.objects.filter(requested_by=request.user).select_related("tenant")
+    grants = BreakGlassGrant.objects.filter(
+        requested_by=staff_user(request)).select_related("tenant")
     return render(request, "contentlog/index.html", {
         **admin.site.each_context(request), "title": "Break-glass access",
         "form": form, "grants": grants[:50]})
@@ -70,10 +81,10 @@ def index(request: HttpRequest) -> HttpResponse:
 @never_cache
 @require_POST
 def read(request: HttpRequest, grant_id: int) -> HttpResponse:
-    grant = get_object_or_404(BreakGlassGrant, pk=grant_id, requested_by=request.user)
+    grant = get_object_or_404(BreakGlassGrant, pk=grant_id, requested_by=staff_user(request))
     context = {**admin.site.each_context(request), "title": f"Grant {grant.pk}", "grant": grant}
     try:
-        records = breakglass.read_records(grant, request.user)
+        records = breakglass.read_records(grant, staff_user(request))
     except breakglass.BreakGlassDenied as exc:
         return render(request, "contentlog/read.html", {**context, "error": str(exc)},
                       status=403)

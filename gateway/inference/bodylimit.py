@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +21,8 @@ from django.conf import settings
 from gateway.inference.errors import ApiError, payload_too_large
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+# Mapping, as Django's ASGIHandler declares it, so that it is an ASGIApp here.
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
 
@@ -31,6 +32,8 @@ def body_timeout() -> ApiError:
 
 
 def declared_length(scope: dict[str, Any]) -> str | None:
+    name: bytes
+    value: bytes
     for name, value in scope.get("headers", ()):
         if name.lower() == b"content-length":
             return value.decode("latin-1").strip()

@@ -1,6 +1,6 @@
 """Choices of a response that needs more than relaying text: tools, n > 1, logprobs.
 
-Plain requests take the per-token fast path (``responses.ChunkTemplate``). These take this one:
+Plain requests take the per-token fast path (``bodies.ChunkTemplate``). These take this one:
 the worker frames each choice's deltas (``workers.host.frame``: choice index, text, token ids
 with logprobs, finish), and an ``Assembler`` turns them into OpenAI's choice objects, for a
 stream (``feed``/``finish`` return the chunk choices to send now) and for a whole response
@@ -20,9 +20,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from gateway.inference.errors import ApiError
 from gateway.inference.requests import InferenceRequest
+from gateway.inference.required_calls import RequiredCalls
 from gateway.inference.toolparsers import ToolCall, ToolParser, new_call_id, parse_required
-from workers.tokenization import HFTokenizer
+from serving.tokenization import HFTokenizer
 
 Choice = dict[str, Any]
 
@@ -60,6 +62,7 @@ class _Choice:
         self.finish: str | None = None
         self.calls: list[ToolCall] = []
         self.content: str | None = None
+        self.scan = RequiredCalls()  # tool_choice "required": the calls as they are written
 
     @property
     def text(self) -> str:
@@ -85,8 +88,16 @@ class Assembler:
             return
         for line in text.split("\n"):
             if line:
-                piece = json.loads(line)
-                yield int(piece["i"]), piece.get("t", ""), piece.get("lp"), piece.get("f")
+                try:
+                    piece = json.loads(line)
+                    yield int(piece["i"]), piece.get("t", ""), piece.get("lp"), piece.get("f")
+                except (ValueError, KeyError, TypeError):
+                    # Not a frame: a body declaring n or logprobs resumed a plain stream
+                    # (review 3, N12). A 400 naming the parameter, not a 500.
+                    name = "n" if self.req.n > 1 else "logprobs"
+                    raise ApiError(400, f"The `{name}` of this body does not match the stream "
+                                   "being resumed: resume with the original request.",
+                                   param=name, code="invalid_value") from None
 
     def feed(self, text: str) -> list[Choice]:
         """A token event's text; returns the stream chunk choices to send now."""
@@ -172,7 +183,9 @@ class Assembler:
             out.append(self._delta(c, {"tool_calls": [{
                 "index": 0, "function": {"arguments": c.parts[-1]}}]}))
             return out
-        if self.mode == "required" or c.tool_start is not None:
+        if self.mode == "required":
+            return self._required(c, c.parts[-1])
+        if c.tool_start is not None:
             return []  # held until the end
         text = c.text
         start = self.parser.find(text)
@@ -180,6 +193,19 @@ class Assembler:
             c.tool_start = start
             return self._content(c, start)
         return self._content(c, len(text) - self.parser.held(text))
+
+    def _required(self, c: _Choice, text: str) -> list[Choice]:
+        """Each call's name as soon as it is written, then its argument fragments."""
+        out = []
+        for k, name, piece in c.scan.feed(text):
+            if name is not None:
+                out.append(self._delta(c, {"tool_calls": [{
+                    "index": k, "id": c.scan.calls[k].id, "type": "function",
+                    "function": {"name": name, "arguments": ""}}]}))
+            if piece:
+                out.append(self._delta(c, {"tool_calls": [{
+                    "index": k, "function": {"arguments": piece}}]}))
+        return out
 
     def _end(self, c: _Choice, reason: str) -> list[Choice]:
         self._resolve(c, reason)
@@ -191,7 +217,8 @@ class Assembler:
                     "index": 0, "id": c.call_id, "type": "function",
                     "function": {"name": self.req.tool_choice.name, "arguments": ""}}]}))
         elif c.calls:
-            for k, call in enumerate(c.calls):
+            streamed = len(c.scan.calls)  # required calls already sent as they were written
+            for k, call in enumerate(c.calls[streamed:], streamed):
                 out.append(self._delta(c, {"tool_calls": [{
                     "index": k, "id": call.id, "type": "function",
                     "function": {"name": call.name, "arguments": ""}}]}))
@@ -213,7 +240,7 @@ class Assembler:
                                 text)]
             return
         if self.mode == "required":
-            calls = parse_required(text)
+            calls = self._required_calls(c, text)
         elif self.mode == "auto" and c.tool_start is not None:
             _, calls = self.parser.parse(text)
             if calls:
@@ -232,6 +259,17 @@ class Assembler:
         else:
             c.calls = []
             c.content = text
+
+    @staticmethod
+    def _required_calls(c: _Choice, text: str) -> list[ToolCall] | None:
+        """The whole output's calls, under the ids the stream used; when the output was cut
+        (``max_tokens``), the calls as far as they were written."""
+        seen = c.scan.calls
+        parsed = parse_required(text)
+        if parsed is None:
+            return c.scan.tool_calls() or None
+        ids = [s.id for s in seen] + [p.id for p in parsed[len(seen):]]
+        return [ToolCall(i, p.name, p.arguments) for i, p in zip(ids, parsed, strict=False)]
 
     # -- whole responses --------------------------------------------------------------------
 

@@ -28,9 +28,9 @@ from gateway.inference.errors import (
     unknown_parameter,
 )
 from gateway.inference.pools import ModelInfo
+from serving.tokenization import load_tokenizer
+from serving.wire import SamplingParams
 from tenants.limits import Limits
-from workers.engine.base import SamplingParams
-from workers.tokenization import load_tokenizer
 
 MAX_INPUTS = 2048
 FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
@@ -43,6 +43,7 @@ class EmbeddingRequest:
     encoding_format: str = "float"
     dimensions: int | None = None
     user: str | None = None
+    safety_identifier: str | None = None  # not an embeddings field
 
 
 def _type_error(param: str, expected: str) -> ApiError:

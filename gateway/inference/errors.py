@@ -88,11 +88,6 @@ def context_length_exceeded(limit: int, prompt_tokens: int, max_tokens: int | No
     )
 
 
-def authentication_failed(status: int, code: str, message: str) -> ApiError:
-    kind = "authentication_error" if status == 401 else "permission_error"
-    return ApiError(status, message, type=kind, code=code)
-
-
 def rate_limited(
     message: str, *, code: str, retry_after: float | None, headers: Mapping[str, str]
 ) -> ApiError:

@@ -68,6 +68,10 @@ def _common_properties() -> dict[str, Any]:
         ]}),
         "seed": _nullable({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}),
         "user": _nullable({"type": "string", "maxLength": 256}),
+        "safety_identifier": _nullable({"type": "string", "maxLength": 256,
+                                        "description": "The end user (preferred to `user`)."}),
+        "prompt_cache_key": _nullable({"type": "string", "maxLength": 256, "description":
+                                       "A hint; caching stays within the tenant."}),
         "stream": _nullable({"type": "boolean"}),
         "stream_options": _nullable({
             "type": "object", "additionalProperties": False,
@@ -150,7 +154,8 @@ def _tool_schemas() -> dict[str, Any]:
     }
 
 
-def _request(fields: frozenset[str], extra: dict[str, Any], required: list[str]) -> dict:
+def _request(fields: frozenset[str], extra: dict[str, Any],
+             required: list[str]) -> dict[str, Any]:
     props = {k: v for k, v in _common_properties().items() if k in fields}
     props.update(extra)
     assert set(props) == set(fields), set(props) ^ set(fields)  # the parser is the authority
@@ -207,7 +212,7 @@ def _schemas() -> dict[str, Any]:
             {"messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
              "max_completion_tokens": _nullable(
                  {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_CEILING}),
-             "tools": _nullable({"type": "array", "minItems": 1, "maxItems": MAX_TOOLS,
+             "tools": _nullable({"type": "array", "maxItems": MAX_TOOLS,
                                  "items": _ref("Tool")}),
              "tool_choice": _nullable(_ref("ToolChoice")),
              "parallel_tool_calls": _nullable({"type": "boolean"}),
@@ -298,6 +303,8 @@ def _responses_schemas() -> dict[str, Any]:
         "stream": _nullable({"type": "boolean"}),
         "text": _nullable({"type": "object"}),
         "user": _nullable({"type": "string", "maxLength": 256}),
+        "safety_identifier": _nullable({"type": "string", "maxLength": 256}),
+        "prompt_cache_key": _nullable({"type": "string", "maxLength": 256}),
         "previous_response_id": _nullable({"type": "string", "description":
                                            "Refused (400): no responses are stored."}),
     })
@@ -341,7 +348,8 @@ def _post(summary: str, request: str, response: str) -> dict[str, Any]:
     }}
 
 
-def _get(summary: str, response: str, params: list[dict[str, Any]] | None = None) -> dict:
+def _get(summary: str, response: str,
+         params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary, "security": [{"apiKey": []}],
         "responses": {"200": {"description": "OK", "content": {

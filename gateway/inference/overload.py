@@ -17,11 +17,10 @@ A shed request is refused before anything is charged, with Retry-After; nothing 
 
 from __future__ import annotations
 
-import time
-
 from django.conf import settings
 
 from gateway.inference.errors import unavailable
+from infra.pool_workers import queue_live_count
 from infra.redis_conn import get_async_redis, pool_key
 
 SHED_RETRY_AFTER_S = 5
@@ -31,7 +30,7 @@ async def reading(pool: str, tenant_id: object) -> tuple[int, int, float]:
     """(queued requests, live workers, the tenant's virtual backlog)."""
     pipe = get_async_redis().pipeline(transaction=False)
     pipe.hlen(pool_key("wfq", pool, "items"))
-    pipe.zcount(pool_key("workers", pool), time.time() - settings.WORKER_DEAD_AFTER_SECONDS, "+inf")
+    queue_live_count(pipe, pool)
     pipe.hget(pool_key("wfq", pool, "state"), "vtime")
     pipe.hget(pool_key("wfq", pool, "last"), str(tenant_id))
     queued, workers, vtime, last = await pipe.execute()

@@ -13,17 +13,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError
+from django.db.models import QuerySet
 
-from gateway.inference.errors import model_not_found, unavailable
+from gateway.inference.errors import ApiError, model_not_found, unavailable
 from gateway.orm import in_thread
+from infra.pool_workers import queue_live_workers, queue_load
 from infra.redis_conn import get_async_redis, pool_key
+from serving import availability
+from serving.adapters import AdapterCatalog, AdapterConfigError, AdapterNotFound
+from serving.availability import live_pools
 from tenants.models import Pool, ServedModel
-from workers.engine.adapters import AdapterCatalog, AdapterNotFound
-from workers.engine.registry import EngineConfigError, adapter_catalog
 
 log = logging.getLogger(__name__)
 TTL = 2.0
@@ -81,20 +83,20 @@ def _load_catalog() -> Catalog:
     return Catalog(models, pools)
 
 
-def _cell_pools() -> Any:
+def _cell_pools() -> QuerySet[Pool]:
     """The enabled pools this gateway routes to: with cells, only its own cell's (their queues
     live in this cell's Redis, and only its workers read them)."""
     pools = Pool.objects.filter(enabled=True)
     return pools.filter(cell=settings.CELL) if settings.CELL else pools
 
 
-def _adapters(pool: object) -> AdapterCatalog:
+def _adapters(pool: Pool) -> AdapterCatalog:
     try:
-        return adapter_catalog(pool)
-    except EngineConfigError:
+        return AdapterCatalog.of_pool(pool.name, pool.backend, dict(pool.backend_settings or {}))
+    except AdapterConfigError:
         # A misconfigured adapter list must not take the pool's base model down with it; the
         # worker refuses to start on the same error, which is where an operator sees it.
-        log.exception("ignoring the adapters of pool %s", getattr(pool, "name", pool))
+        log.exception("ignoring the adapters of pool %s", pool.name)
         return AdapterCatalog()
 
 
@@ -118,6 +120,7 @@ def forget_catalog() -> None:
     """Drop the cached pool table (tests, and after an admin change in this process)."""
     global _cache
     _cache = None
+    availability.forget()
     _windows.clear()
 
 
@@ -141,14 +144,15 @@ async def advertised_window(pool: str) -> int | None:
     if hit is not None and now - hit[0] < WINDOW_TTL:
         return hit[1]
     client = get_async_redis()
-    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
-    wids = await client.zrangebyscore(pool_key("workers", pool), cutoff, "+inf")
+    pipe = client.pipeline(transaction=False)
+    queue_live_workers(pipe, pool)
+    [wids] = await pipe.execute()
     windows: list[int] = []
     if wids:
         pipe = client.pipeline(transaction=False)
         for wid in wids:
-            pipe.hget(pool_key("worker", pool, wid.decode(), "load"), "max_model_len")
-        windows = [int(v) for v in await pipe.execute() if v]
+            queue_load(pipe, pool, wid, "max_model_len")
+        windows = [int(v) for [v] in await pipe.execute() if v]
     window = min(windows) if windows else None
     _windows[pool] = (now, window)
     return window
@@ -193,18 +197,16 @@ class PoolLoad:
 async def pool_loads(pools: list[PoolInfo]) -> list[PoolLoad]:
     """Two pipelined round trips: live workers and queue lengths, then each worker's load."""
     client = get_async_redis()
-    cutoff = time.time() - settings.WORKER_DEAD_AFTER_SECONDS
     pipe = client.pipeline(transaction=False)
     for p in pools:
-        pipe.zrangebyscore(pool_key("workers", p.name), cutoff, "+inf")
+        queue_live_workers(pipe, p.name)
         pipe.hlen(pool_key("wfq", p.name, "items"))
     first = await pipe.execute()
     workers = [first[2 * i] for i in range(len(pools))]
     pipe = client.pipeline(transaction=False)
     for p, wids in zip(pools, workers, strict=True):
         for wid in wids:
-            pipe.hmget(pool_key("worker", p.name, wid.decode(), "load"), "in_flight",
-                       "max_running")
+            queue_load(pipe, p.name, wid, "in_flight", "max_running")
     loads = iter(await pipe.execute())
     out = []
     for i, wids in enumerate(workers):
@@ -244,7 +246,32 @@ def _usable_by(cat: Catalog, model: str, tenant_id: int) -> bool:
 
 
 async def choose_pool(model: str, tenant_id: int, region: str,
-                      allowed: frozenset[str]) -> PoolInfo:
+                      allowed: frozenset[str], *, served_only: bool = True) -> PoolInfo:
+    """The pool for a new request. ``served_only``: only pools a live worker serves (a
+    resumed stream, already in Redis, needs none). New requests go through the router
+    (gateway.inference.routes), which asks the same of each pool's breaker."""
+    pools = await candidate_pools(model, tenant_id, region, allowed)
+    pools = await served(pools) if served_only else pools
+    if not pools:
+        raise not_served(model)
+    if len(pools) == 1:
+        return pools[0]
+    loads = await pool_loads(pools)
+    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+
+
+def not_served(model: str) -> ApiError:
+    """Configured, but no worker runs it: refused now, before anything is charged, rather
+    than queued until the first-token deadline."""
+    return unavailable(f"No worker is serving `{model}` right now; retry shortly.",
+                       retry_after=5, code="model_not_served")
+
+
+async def candidate_pools(model: str, tenant_id: int, region: str,
+                          allowed: frozenset[str]) -> list[PoolInfo]:
+    """Every pool that may serve this tenant ``model`` (no route configured): dedicated ones
+    only when it has any. 404 for a model it cannot see, 503 when none is enabled here.
+    Whether a worker serves them is the caller's question (``served``, the breakers)."""
     cat = await catalog()
     pools: list[PoolInfo]
     if model in cat.models:
@@ -263,16 +290,21 @@ async def choose_pool(model: str, tenant_id: int, region: str,
         # The model exists but nothing serves it for this tenant right now: retry later.
         raise unavailable(f"No pool serves `{model}` in your region right now.", retry_after=5,
                           code="no_pool")
-    if len(pools) == 1:
-        return pools[0]
-    loads = await pool_loads(pools)
-    return min(zip(pools, loads, strict=True), key=lambda pl: pl[1].score)[0]
+    return pools
+
+
+async def served(pools: list[PoolInfo]) -> list[PoolInfo]:
+    """The pools among these that a live worker serves now (``serving.availability``)."""
+    live = await live_pools({p.name for p in pools})
+    return [p for p in pools if p.name in live]
 
 
 async def visible_models(tenant_id: int, region: str, allowed: frozenset[str]) -> list[ModelInfo]:
-    """Models this key may call and some pool serves for its tenant, for GET /v1/models."""
+    """Models this key may call and some live pool serves for its tenant, for GET /v1/models:
+    a model is listed only while a worker can serve it."""
     cat = await catalog()
-    pools = [p for p in eligible(cat, tenant_id, region) if not allowed or p.model.name in allowed]
+    pools = await served([p for p in eligible(cat, tenant_id, region)
+                          if not allowed or p.model.name in allowed])
     found = {p.model.name: p.model for p in pools}
     for pool in pools:  # the tenant's own adapters, and no one else's
         for name in pool.adapters.visible_names(tenant_id):

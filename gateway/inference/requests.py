@@ -11,8 +11,9 @@ routing (``gateway.inference.capabilities``); tools and response formats are che
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.inference.errors import (
     ApiError,
@@ -42,14 +43,17 @@ MAX_LOGIT_BIAS = 300  # entries
 # Parameters OpenAI defines that we refuse rather than ignore (clients would get wrong results).
 UNSUPPORTED = frozenset({
     "functions", "function_call", "audio", "modalities", "prediction",
-    "reasoning_effort", "web_search_options", "echo", "best_of", "suffix",
+    "reasoning_effort", "web_search_options", "echo", "best_of", "suffix", "verbosity",
 })
 COMMON = frozenset({
     "model", "max_tokens", "temperature", "top_p", "stop", "seed", "user", "stream",
+    "safety_identifier", "prompt_cache_key",
     "stream_options", "n", "metadata", "store", "service_tier", "ignore_eos",
     "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
     # vLLM's extensions (the official client sends them with ``extra_body``).
     "repetition_penalty", "min_tokens",
+    # Models to fall back to when the asked one cannot serve (LiteLLM's extra_body field).
+    "fallbacks",
 })
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
                         "parallel_tool_calls", "response_format", "top_logprobs"}
@@ -74,6 +78,12 @@ class InferenceRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str | None = None
+    # OpenAI's newer name for the end user (``tenants.budgets.end_user_of`` reads either).
+    safety_identifier: str | None = None
+    # A hint that requests sharing it share a prompt prefix. Caching stays inside the tenant's
+    # own salt (I1): the key never widens the scope, so it is accepted and changes nothing
+    # another tenant can see.
+    prompt_cache_key: str | None = None
     stream: bool = False
     include_usage: bool = False
     # vLLM's extension (sent with the official client's ``extra_body``): generate max_tokens
@@ -92,12 +102,28 @@ class InferenceRequest:
     tool_choice: ToolChoice = NO_TOOLS
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def text_size(self) -> int:
-        """Characters of prompt text, messages and tools (what tokenizing costs)."""
-        size = sum(len(str(m.get("content") or "")) for m in self.messages) + len(self.prompt)
-        return size + sum(len(json.dumps(t)) for t in self.tools)
+        """Characters of prompt text, messages (their tool calls' arguments too) and tools:
+        what tokenizing costs, and a lower bound on what the chat template renders."""
+        size = sum(len(str(m.get("content") or "")) + _calls_size(m) for m in self.messages)
+        return size + len(self.prompt) + sum(
+            len(json.dumps(t, ensure_ascii=False, separators=(",", ":"))) for t in self.tools)
+
+
+def _calls_size(message: dict[str, Any]) -> int:
+    """Characters of an assistant message's tool calls (names and arguments), rendered and
+    tokenized with the message."""
+    size = 0
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            args = fn.get("arguments") or ""  # parsed to an object for the template
+            size += len(str(fn.get("name") or "")) + (len(args) if isinstance(args, str) else len(
+                json.dumps(args, ensure_ascii=False, separators=(",", ":"))))
+    return size
 
 
 def parse(body: bytes, kind: Kind) -> InferenceRequest:
@@ -121,6 +147,8 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         stop=_stop(fields),
         seed=_int(fields, "seed", None, -(2**63), 2**63 - 1),
         user=_string(fields, "user", max_len=256),
+        safety_identifier=_string(fields, "safety_identifier", max_len=256),
+        prompt_cache_key=_string(fields, "prompt_cache_key", max_len=256),
         stream=stream,
         include_usage=_include_usage(fields, stream),
         ignore_eos=_bool(fields, "ignore_eos", False),
@@ -135,7 +163,39 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         tool_choice=parse_tool_choice(fields.get("tool_choice"), tools),
         parallel_tool_calls=_bool(fields, "parallel_tool_calls", True),
         response_format=parse_response_format(fields.get("response_format")),
+        fallbacks=_fallbacks(fields),
     )
+
+
+class EndUserFields(Protocol):
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def safety_identifier(self) -> str | None: ...
+
+
+def end_user_id(req: EndUserFields) -> str | None:
+    """The end user a request is made for, inside its tenant: ``safety_identifier`` (OpenAI's
+    current name), else ``user`` (the older one); None when the client named nobody. The one
+    place that decides it: usage records and end-user budgets key by this value."""
+    return req.safety_identifier or req.user or None
+
+
+MAX_FALLBACKS = 4
+
+
+def _fallbacks(fields: dict[str, Any]) -> tuple[str, ...]:
+    value = fields.get("fallbacks", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _type_error("fallbacks", "a list of model names")
+    if len(value) > MAX_FALLBACKS:
+        raise ApiError(400, f"fallbacks: at most {MAX_FALLBACKS} models.", param="fallbacks",
+                       code="invalid_value")
+    return tuple(dict.fromkeys(value))
+
+
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
 def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:
@@ -146,7 +206,9 @@ def _logit_bias(fields: dict[str, Any]) -> tuple[tuple[int, float], ...]:
         raise _type_error("logit_bias", f"an object of at most {MAX_LOGIT_BIAS} token ids")
     out = []
     for token, value in bias.items():
-        if not str(token).isdigit() or int(token) >= 2**31:
+        # ASCII digits only, and few: "²".isdigit() is true and int() of 5,001 digits raises
+        # (review 3, N12), both used to answer 500.
+        if not _TOKEN_ID.fullmatch(str(token)) or int(token) >= 2**31:
             raise invalid_request(f"Invalid key in 'logit_bias': {str(token)[:40]!r} is not a "
                                   "token id.", param="logit_bias", code="invalid_value")
         if isinstance(value, bool) or not isinstance(value, (int, float)) \

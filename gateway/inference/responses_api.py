@@ -18,17 +18,19 @@ import secrets
 import time
 from typing import Any
 
-from gateway.inference import facade
+from gateway.inference.bodies import UsageCounts, dumps
 from gateway.inference.choices import Assembler
 from gateway.inference.errors import ApiError, invalid_request, unknown_parameter
-from gateway.inference.responses import UsageCounts
 
 # Fields accepted and ignored (they change nothing a stateless gateway does).
 IGNORED = frozenset({"metadata", "store", "truncation", "include", "reasoning", "service_tier",
-                     "prompt_cache_key", "safety_identifier", "background", "stream_options"})
+                     "background", "stream_options"})
 MAPPED = frozenset({"model", "input", "instructions", "tools", "tool_choice",
                     "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "stream",
-                    "text", "user", "top_logprobs", "previous_response_id"})
+                    "text", "user", "top_logprobs", "previous_response_id",
+                    "safety_identifier", "prompt_cache_key"})
+PASSED = ("temperature", "top_p", "stream", "user", "parallel_tool_calls", "safety_identifier",
+          "prompt_cache_key")
 FIELDS = IGNORED | MAPPED
 
 
@@ -58,7 +60,7 @@ def to_chat(data: dict[str, Any]) -> dict[str, Any]:
         messages.append({"role": "system", "content": fields["instructions"]})
     messages += _input_messages(fields.get("input"))
     chat["messages"] = messages
-    for name in ("temperature", "top_p", "stream", "user", "parallel_tool_calls"):
+    for name in PASSED:
         if name in fields:
             chat[name] = fields[name]
     if "max_output_tokens" in fields:
@@ -74,6 +76,27 @@ def to_chat(data: dict[str, Any]) -> dict[str, Any]:
     if fmt is not None:
         chat["response_format"] = fmt
     return chat
+
+
+def responses_param(param: str | None) -> str | None:
+    """The Responses field a chat parser's error is about: the client sent ``input``, never
+    ``messages``, so a 400 names what it sent (chat names it would not recognise mapped)."""
+    if param is None:
+        return None
+    if param.startswith("messages"):
+        return "input"
+    if param in ("max_completion_tokens", "max_tokens"):
+        return "max_output_tokens"
+    if param.startswith("response_format"):
+        return "text.format" + param.removeprefix("response_format").removeprefix(
+            ".json_schema")
+    if param == "logprobs":
+        return "top_logprobs"
+    if param.startswith("tools[") and ".function." in param:
+        return param.replace(".function.", ".", 1)
+    if param.startswith("tool_choice.function."):
+        return "tool_choice." + param.removeprefix("tool_choice.function.")
+    return param
 
 
 def _input_messages(value: Any) -> list[dict[str, Any]]:
@@ -154,6 +177,9 @@ def _format(text: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(text, dict):
         raise _type_error("text", "an object")
+    if text.get("verbosity") is not None:
+        raise ApiError(400, "The parameter `text.verbosity` is not supported by this server.",
+                       param="text.verbosity", code="unsupported_parameter")
     fmt = text.get("format")
     if fmt is None:
         return None
@@ -211,6 +237,8 @@ class ResponseBuilder:
             "metadata": d.get("metadata") or {}, "store": False, "truncation": "disabled",
             "text": d.get("text") or {"format": {"type": "text"}},
             "usage": usage_body(usage), "user": d.get("user"),
+            "safety_identifier": d.get("safety_identifier"),
+            "prompt_cache_key": d.get("prompt_cache_key"),
         }
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -322,7 +350,8 @@ class ResponseBuilder:
 
 
 def sse_event(event: dict[str, Any]) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + facade.dumps(event) + b"\n\n"
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
 
 def dumps_events(events: list[dict[str, Any]]) -> bytes:

@@ -13,6 +13,10 @@ error event. A lookup that cannot be made (503: the database is down) ends nothi
 must not cut every stream, and nothing can be revoked while the database is down anyway.
 
 Revocation therefore ends a stream within ``POLL_S`` plus one lookup, in every process.
+
+Expiry changes no epoch: a key that expires mid-stream is a change in time, not in the
+database. So a stream whose credential has an expiry (``Principal.expires_at``) is re-checked
+once that time has passed, whatever the epoch (review 3, N11), and ends as a revoked one does.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -43,7 +49,8 @@ Credential = tuple[tuple[tuple[str, str], ...], str | None]
 class _Stream:
     credential: Credential
     on_revoked: OnRevoked
-    checked_under: bytes | None = None
+    checked_under: bytes | str | None = None  # redis-py types a GET's reply as either
+    expires_at: float | None = None  # wall-clock seconds; re-checked once past, then cleared
 
 
 @dataclass
@@ -67,12 +74,16 @@ def credential_of(scope: Mapping[str, Any]) -> Credential:
 
 
 @contextlib.contextmanager
-def watching(scope: Mapping[str, Any], on_revoked: OnRevoked) -> Iterator[None]:
-    """While inside, ``on_revoked(error)`` is called (once) if the credential stops working."""
+def watching(scope: Mapping[str, Any], on_revoked: OnRevoked,
+             expires_at: datetime | None = None) -> Iterator[None]:
+    """While inside, ``on_revoked(error)`` is called (once) if the credential stops working,
+    including when ``expires_at`` (the credential's own expiry) passes."""
     loop = asyncio.get_running_loop()
     watch = _watches.setdefault(id(loop), _Watch())
     stream_id = next(_ids)
-    watch.streams[stream_id] = _Stream(credential_of(scope), on_revoked)
+    watch.streams[stream_id] = _Stream(
+        credential_of(scope), on_revoked,
+        expires_at=expires_at.timestamp() if expires_at is not None else None)
     if watch.task is None or watch.task.done():
         watch.task = loop.create_task(_run(watch, id(loop)))
     try:
@@ -98,10 +109,14 @@ async def _run(watch: _Watch, loop_id: int) -> None:
             del _watches[loop_id]
 
 
-async def _recheck(watch: _Watch, epoch: bytes) -> None:
-    due = [s for s in list(watch.streams.values()) if s.checked_under != epoch]
+async def _recheck(watch: _Watch, epoch: bytes | str) -> None:
+    now = time.time()
+    due = [s for s in list(watch.streams.values())
+           if s.checked_under != epoch or (s.expires_at is not None and now >= s.expires_at)]
     verdicts: dict[Credential, AuthError | None] = {}
     for stream in due:
+        if stream.expires_at is not None and now >= stream.expires_at:
+            stream.expires_at = None  # checked after its expiry: once is enough
         if stream.credential not in verdicts:
             verdicts[stream.credential] = await _verdict(stream.credential)
         stream.checked_under = epoch

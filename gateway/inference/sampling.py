@@ -4,7 +4,7 @@ backend cannot honour one (before anything is charged).
 What each backend honours (docs/openai-compatibility.md has the table):
 
 - ``simulated`` and ``vllm`` (in process): everything; the simulated engine's constrained
-  decoding cannot satisfy ``pattern`` (``workers.engine.guided``), so such schemas are refused.
+  decoding cannot satisfy ``pattern`` (``serving.guided``), so such schemas are refused.
 - ``openai_upstream`` with the ``vllm`` dialect: everything (vLLM's completions endpoint takes
   the penalties, ``min_tokens``, ``structured_outputs`` and ``logprobs``, its tokens sent as
   exact ids with ``return_tokens_as_token_ids``).
@@ -22,14 +22,14 @@ sequences, and tool calls are read from the output by the gateway.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from gateway.inference.errors import ApiError
 from gateway.inference.pools import PoolInfo
 from gateway.inference.requests import InferenceRequest
 from gateway.inference.tools import constraint
-from serving.wire import OPTIONAL
-from workers.engine.base import SamplingParams
-from workers.engine.guided import SchemaError, check_schema
+from serving.guided import SchemaError, check_schema
+from serving.wire import OPTIONAL, SamplingParams
 
 ALL = frozenset(OPTIONAL)
 SUPPORTED: dict[tuple[str, str], frozenset[str]] = {
@@ -81,10 +81,25 @@ def check_supported(req: InferenceRequest, sampling: SamplingParams, pool: PoolI
                 400, f"The parameter `{name}` is not supported for model `{req.model}` (its "
                 f"{pool.backend} backend cannot honour it).", param=name,
                 code="unsupported_parameter")
-    if pool.backend == "simulated" and sampling.json_schema is not None:
-        try:
-            check_schema(json.loads(sampling.json_schema))
-        except SchemaError as exc:
-            name = _param_name("json_schema", req)
-            raise ApiError(400, f"Invalid schema in `{name}`: {exc}.", param=name,
-                           code="invalid_value") from None
+    check_schemas(req, sampling, pool)
+
+
+def check_schemas(req: InferenceRequest, sampling: SamplingParams, pool: PoolInfo) -> None:
+    """400 for a schema out of bounds or malformed, on every backend, before any engine or
+    grammar compiler sees it (``serving.schema_limits``: a small schema can describe an
+    exponential document); the simulated engine's own keyword limits on top. Linear time."""
+    for i, tool in enumerate(req.tools):
+        params = tool.get("function", {}).get("parameters")
+        if params is not None:
+            _check(params, f"tools[{i}].function.parameters", engine=False)
+    if sampling.json_schema is not None:
+        name = _param_name("json_schema", req)
+        _check(json.loads(sampling.json_schema), name, engine=pool.backend == "simulated")
+
+
+def _check(schema: Any, name: str, *, engine: bool) -> None:
+    try:
+        check_schema(schema, engine=engine)
+    except SchemaError as exc:
+        raise ApiError(400, f"Invalid schema in `{name}`: {exc}.", param=name,
+                       code="invalid_value") from None

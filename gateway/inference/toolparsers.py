@@ -49,7 +49,8 @@ def _call(obj: Any, args_key: str = "arguments") -> ToolCall | None:
 def _json_values(text: str, separators: str = " \t\r\n") -> list[Any] | None:
     """Every JSON value in ``text`` (separated by ``separators``), or None if any is broken."""
     decoder = json.JSONDecoder()
-    values, i = [], 0
+    values: list[Any] = []
+    i = 0
     while True:
         while i < len(text) and text[i] in separators:
             i += 1

@@ -74,9 +74,8 @@ def parse_tools(value: Any) -> tuple[dict[str, Any], ...]:
         return ()
     if not isinstance(value, list) or len(value) > MAX_TOOLS:
         raise _type_error("tools", f"an array of at most {MAX_TOOLS} tools")
-    if not value:
-        raise invalid_request("Invalid 'tools': empty array. Give at least one tool, or leave "
-                              "'tools' out.", param="tools", code="invalid_value")
+    # An empty list means no tools, as in OpenAI's API (the Agents SDK sends one for every
+    # agent without tools).
     tools = []
     seen: set[str] = set()
     for i, tool in enumerate(value):
@@ -123,7 +122,9 @@ def parse_tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> ToolChoi
     if value is None:
         return ToolChoice("auto" if tools else "none")
     if value in ("none", "auto", "required"):
-        if value != "none" and not tools:
+        if value == "auto" and not tools:
+            return ToolChoice("none")  # "auto" over no tools (``tools: []``) calls nothing
+        if value == "required" and not tools:
             raise invalid_request(f"tool_choice '{value}' needs at least one tool in 'tools'.",
                                   param="tool_choice", code="invalid_value")
         return ToolChoice(value)

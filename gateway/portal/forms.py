@@ -8,16 +8,17 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import UserCreationForm
+from django.contrib.auth.models import User
 from django.core.validators import MaxValueValidator
 from django.db import transaction
 from django.utils import timezone
 
 from gateway.portal.playground import PLAYGROUND_PREFIX
 from metering.billing.models import SpendAlert
-from metering.billing.reports import GROUPS
+from metering.billing.reports import DEFAULT_GROUPS, GROUPS
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, ServedModel, Tenant
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Project, ServedModel, Tenant
 
 GRACE_CHOICES = [
     (0, "Immediately"), (3600, "1 hour"), (86400, "24 hours"), (7 * 86400, "7 days"),
@@ -35,6 +36,10 @@ class KeyForm(forms.Form):
         required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
         help_text="Empty = never expires (UTC).",
     )
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.none(), required=False,
+        help_text="Its project's allowed models and budgets apply to the key too.",
+    )
     input_tpm = forms.IntegerField(required=False, min_value=1, label="Input tokens / minute")
     output_tpm = forms.IntegerField(required=False, min_value=1, label="Output tokens / minute")
     concurrent_requests = forms.IntegerField(required=False, min_value=1)
@@ -44,7 +49,12 @@ class KeyForm(forms.Form):
     def __init__(self, *args: Any, tenant: Tenant, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tenant = tenant
-        self.fields["allowed_models"].queryset = models_for(tenant)
+        allowed = self.fields["allowed_models"]
+        assert isinstance(allowed, forms.ModelMultipleChoiceField)
+        allowed.queryset = models_for(tenant)
+        project = self.fields["project"]
+        assert isinstance(project, forms.ModelChoiceField)
+        project.queryset = Project.objects.filter(tenant=tenant)
 
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"]
@@ -59,7 +69,8 @@ class KeyForm(forms.Form):
         return value
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         for field, message in key_cap_errors(self.caps(), quota_table(self.tenant)).items():
             self.add_error(field, message)
         return data
@@ -118,13 +129,14 @@ class ReportForm(forms.Form):
     start = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     end = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     group_by = forms.MultipleChoiceField(
-        choices=[(g, g) for g in GROUPS], initial=list(GROUPS), required=False,
+        choices=[(g, g) for g in GROUPS], initial=list(DEFAULT_GROUPS), required=False,
         widget=forms.CheckboxSelectMultiple,
     )
     format = forms.ChoiceField(choices=[("csv", "CSV"), ("xlsx", "Excel (XLSX)")])
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("start") and data.get("end") and data["end"] <= data["start"]:
             raise forms.ValidationError("The end must come after the start.")
         if data.get("start") and data["start"] > timezone.now():  # no usage there yet
@@ -133,7 +145,7 @@ class ReportForm(forms.Form):
         return data
 
 
-class AlertForm(forms.ModelForm):
+class AlertForm(forms.ModelForm[SpendAlert]):
     webhook_url = forms.URLField(required=False, assume_scheme="https",
                                  help_text="Optional: POSTed a JSON body on firing.")
 
@@ -144,9 +156,11 @@ class AlertForm(forms.ModelForm):
 
     def __init__(self, *args: Any, tenant: Tenant, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["api_key"].queryset = ApiKey.objects.filter(tenant=tenant).usable()
-        self.fields["api_key"].required = False
-        self.fields["api_key"].empty_label = "Whole tenant"
+        api_key = self.fields["api_key"]
+        assert isinstance(api_key, forms.ModelChoiceField)
+        api_key.queryset = ApiKey.objects.filter(tenant=tenant).usable()
+        api_key.required = False
+        api_key.empty_label = "Whole tenant"
         self.fields["currency"].required = False
         self.fields["currency"].help_text = "Money alerts: the threshold's currency (ISO code)."
 
@@ -168,6 +182,7 @@ class TokenForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         field = self.fields["expires_in_days"]
+        assert isinstance(field, forms.IntegerField)
         field.initial = settings.MANAGEMENT_TOKEN_DEFAULT_DAYS
         field.max_value = settings.MANAGEMENT_TOKEN_MAX_DAYS
         field.validators.append(MaxValueValidator(settings.MANAGEMENT_TOKEN_MAX_DAYS))
@@ -179,7 +194,7 @@ class InviteForm(forms.Form):
     role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
 
 
-class AcceptInvitationForm(UserCreationForm):
+class AcceptInvitationForm(UserCreationForm[User]):
     """A new account for an invitee; the email is the invited address."""
 
     class Meta(UserCreationForm.Meta):

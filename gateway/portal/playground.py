@@ -47,8 +47,9 @@ def playground_key(session: Any, tenant: Tenant, user: Any,
                    now: datetime | None = None) -> PlaygroundKey:
     now = now or timezone.now()
     parked = session.get(SESSION_KEY) or {}
-    if parked.get("tenant_id") == tenant.pk:
-        key = ApiKey.objects.filter(pk=parked.get("key_id"), tenant=tenant, created_by=user,
+    key_id: int | None = parked.get("key_id")
+    if parked.get("tenant_id") == tenant.pk and key_id is not None:
+        key = ApiKey.objects.filter(pk=key_id, tenant=tenant, created_by=user,
                                     name=key_name(user)).usable(now + REUSE_MARGIN).first()
         if key is not None:
             return PlaygroundKey(key, parked["plaintext"], reused=True)

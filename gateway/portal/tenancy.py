@@ -8,13 +8,14 @@ the user is still a member of it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
+from functools import update_wrapper
 from typing import Any, Concatenate, ParamSpec, cast
 
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 from django.shortcuts import redirect
 
 from tenants import roles
@@ -28,14 +29,14 @@ class TenantRequest(HttpRequest):
     role it gives. Only the decorator makes one (by setting these on the request it got), so a
     view typed with it can rely on them being there."""
 
-    user: AbstractBaseUser  # signed in (login_required): never the anonymous user here
+    user: User  # signed in (login_required): never the anonymous user here
     membership: Membership
     tenant: Tenant
     role: str
 
 
 P = ParamSpec("P")
-TenantView = Callable[Concatenate[TenantRequest, P], HttpResponse]
+TenantView = Callable[Concatenate[TenantRequest, P], HttpResponseBase]
 
 
 def memberships(user: Any) -> list[Membership]:
@@ -54,6 +55,8 @@ def current_membership(request: HttpRequest) -> Membership | None:
 
 
 def choose(request: HttpRequest, tenant_id: int) -> bool:
+    if isinstance(request.user, AnonymousUser):  # no memberships
+        return False
     if Membership.objects.filter(user=request.user, tenant_id=tenant_id).exists():
         request.session[SESSION_KEY] = tenant_id
         return True
@@ -62,16 +65,14 @@ def choose(request: HttpRequest, tenant_id: int) -> bool:
 
 def tenant_view(
     capability: str,
-) -> Callable[[TenantView[P]], Callable[Concatenate[HttpRequest, P], HttpResponse]]:
+) -> Callable[[TenantView[P]], Callable[Concatenate[HttpRequest, P], HttpResponseBase]]:
     """Sign-in required, a membership required, and the role must have ``capability``.
 
     The view receives a ``TenantRequest``: ``membership``, ``tenant`` and ``role`` are set.
     """
 
-    def decorate(view: TenantView[P]) -> Callable[Concatenate[HttpRequest, P], HttpResponse]:
-        @login_required
-        @wraps(view)
-        def wrapper(request: HttpRequest, *args: P.args, **kwargs: P.kwargs) -> HttpResponse:
+    def decorate(view: TenantView[P]) -> Callable[Concatenate[HttpRequest, P], HttpResponseBase]:
+        def wrapper(request: HttpRequest, /, *args: P.args, **kwargs: P.kwargs) -> HttpResponseBase:
             membership = current_membership(request)
             if membership is None:
                 return redirect("portal:no_tenant")
@@ -83,7 +84,8 @@ def tenant_view(
             bound.role = membership.role
             return view(bound, *args, **kwargs)
 
-        return wrapper
+        update_wrapper(wrapper, view)
+        return login_required(wrapper)
 
     return decorate
 
@@ -93,12 +95,14 @@ def tenant_view(
 NAV: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("overview", "Get started", "overview", ()),
     ("usage", "Usage", "usage", ()),
+    ("requests", "Requests", "usage", ()),
     ("keys", "API keys", "keys", ("key_create", "key_created", "key_revoke", "key_rotate",
-                                   "key_edit")),
+                                  "key_resume", "key_edit")),
     ("quotas", "Quotas", "quotas", ()),
     ("playground", "Playground", "playground", ()),
     ("reports", "Reports", "reports", ("statement", "export")),
     ("alerts", "Spend alerts", "alerts", ()),
+    ("budgets", "Budgets", "budgets", ()),
     ("content_logging", "Content logging", "content_logging", ()),
     ("members", "Members", "members", ()),
     ("tokens", "API tokens", "tokens", ()),

@@ -3,6 +3,7 @@ from django.urls import path, reverse_lazy
 
 from gateway.portal.lockout import UnlockingPasswordResetConfirmView
 from gateway.portal.views import (
+    budgets,
     content_logging,
     finance,
     home,
@@ -11,6 +12,7 @@ from gateway.portal.views import (
     members,
     overview,
     playground,
+    requestlog,
     tokens,
     usage,
 )
@@ -44,8 +46,10 @@ urlpatterns = [
     path("keys/<int:pk>/edit/", keys.key_edit, name="key_edit"),
     path("keys/<int:pk>/revoke/", keys.key_revoke, name="key_revoke"),
     path("keys/<int:pk>/rotate/", keys.key_rotate, name="key_rotate"),
+    path("keys/<int:pk>/resume/", keys.key_resume, name="key_resume"),
     path("usage/", usage.usage_page, name="usage"),
     path("quotas/", usage.quotas_page, name="quotas"),
+    path("requests/", requestlog.request_log_page, name="requests"),
     path("content-logging/", content_logging.content_logging_page, name="content_logging"),
     path("playground/", playground.playground_page, name="playground"),
     path("playground/key/", playground.playground_key_view, name="playground_key"),
@@ -55,6 +59,8 @@ urlpatterns = [
     path("exports/<int:pk>/status/", finance.export_status, name="export_status"),
     path("exports/<int:pk>/download/", finance.export_download, name="export_download"),
     path("alerts/", finance.alerts_page, name="alerts"),
+    path("budgets/", budgets.budgets_page, name="budgets"),
+    path("budgets/<int:pk>/delete/", budgets.budget_delete, name="budget_delete"),
     path("alerts/<int:pk>/delete/", finance.alert_delete, name="alert_delete"),
     path("alerts/<int:pk>/rotate-secret/", finance.alert_rotate_secret,
          name="alert_rotate_secret"),

@@ -8,10 +8,11 @@ indexed range scan on (tenant, finished_at) computed inside PostgreSQL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.db import connection
 from django.db.models import Aggregate, FloatField, Sum
@@ -101,7 +102,7 @@ def series(
 
 
 def _add_spend(result: Series, tenant: Tenant, start: datetime, end: datetime, *, grain: str,
-               group: str, names, key_ids: Sequence[int] | None) -> None:  # type: ignore[no-untyped-def]
+               group: str, names: SeriesNames, key_ids: Sequence[int] | None) -> None:
     """Cost each (hour, series, model) at the price of its hour, as reports do, then bucket."""
     qs = reports.rollups(start, end, tenant=tenant, api_key_ids=key_ids)
     book = PriceBook(qs.values_list("model_name", flat=True).distinct().order_by())
@@ -140,14 +141,19 @@ def per_key(tenant: Tenant, start: datetime, end: datetime,
         usage = out.setdefault(row.key_id, KeyUsage())
         usage.requests += row.requests
         usage.tokens += row.input_tokens + row.output_tokens
-        if row.priced:
+        if row.priced and row.amount is not None:  # build_report sets a priced row's amount
             usage.spend[row.currency] = usage.spend.get(row.currency, Decimal(0)) + row.amount
         else:
             usage.unpriced = True
     return out
 
 
-def _series_names(by: str, tenant: Tenant):  # type: ignore[no-untyped-def]
+# A series' label from its key: a model name (str) or an API key id (int, None for no key),
+# as ``by`` groups the rows.
+SeriesNames = Callable[[Any], str]
+
+
+def _series_names(by: str, tenant: Tenant) -> SeriesNames:
     if by == "model":
         return str
     keys = {k.id: f"{k.name} {k.masked}" for k in ApiKey.objects.filter(tenant=tenant)}
@@ -164,7 +170,8 @@ def ttft_percentiles(
         records = records.filter(api_key_id__in=list(key_ids))
     if connection.vendor == "postgresql":
         return records.aggregate(p50=Percentile("ttft_ms", 0.5), p95=Percentile("ttft_ms", 0.95))
-    values = sorted(records.values_list("ttft_ms", flat=True)[:100_000])
+    values = sorted(v for v in records.values_list("ttft_ms", flat=True)[:100_000]
+                    if v is not None)
     if not values:
         return {"p50": None, "p95": None}
     return {q: float(values[min(int(p * len(values)), len(values) - 1)])

@@ -5,28 +5,32 @@ silently re-cost past statements; add a new price from the next hour instead).""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
 from django.contrib import admin
+from django.db.models import Model
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from metering.billing.budget_status import status_of
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
 from metering.billing.money import format_money, format_rate
 from metering.billing.reports import build_report
 from tenants.admin import TenantAdmin
-from tenants.models import ServedModel, Tenant
+from tenants.models import Budget, ServedModel, Tenant
+
+_M = TypeVar("_M", bound=Model)
 
 
-class NoDelete(admin.ModelAdmin):
+class NoDelete(admin.ModelAdmin[_M]):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
-class ReadOnly(NoDelete):
+class ReadOnly(NoDelete[_M]):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -46,7 +50,7 @@ def next_hour() -> datetime:
     return timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
 
 
-class PriceForm(forms.ModelForm):
+class PriceForm(forms.ModelForm[Price]):
     model_name = forms.ChoiceField(label="Model", help_text="A served model's public name.")
     currency = forms.ChoiceField(choices=[(c, c) for c in CURRENCIES], initial="USD")
     effective_from = forms.DateTimeField(
@@ -67,7 +71,9 @@ class PriceForm(forms.ModelForm):
         current = self.instance.model_name if self.instance.pk else ""
         if current and current not in names:  # a retired model's price stays editable
             names.append(current)
-        self.fields["model_name"].choices = [("", "---------")] + [(n, n) for n in names]
+        field = self.fields["model_name"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [("", "---------")] + [(n, n) for n in names]
 
     def clean_effective_from(self) -> datetime:
         value: datetime = self.cleaned_data["effective_from"]
@@ -79,7 +85,7 @@ class PriceForm(forms.ModelForm):
 
 
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
+class PriceAdmin(admin.ModelAdmin[Price]):
     form = PriceForm
     list_display = ("model_name", "effective_from", "currency", "input_display",
                     "cached_input_display", "output_display", "state")
@@ -112,7 +118,7 @@ class PriceAdmin(admin.ModelAdmin):
 
 
 @admin.register(SpendAlert)
-class SpendAlertAdmin(admin.ModelAdmin):
+class SpendAlertAdmin(admin.ModelAdmin[SpendAlert]):
     list_display = ("tenant", "api_key", "metric", "period", "threshold_display", "hard_cap",
                     "enabled", "last_fired_period")
     list_filter = ("metric", "period", "hard_cap", "enabled", "tenant")
@@ -126,7 +132,7 @@ class SpendAlertAdmin(admin.ModelAdmin):
 
 
 @admin.register(AlertEvent)
-class AlertEventAdmin(ReadOnly):
+class AlertEventAdmin(ReadOnly[AlertEvent]):
     list_display = ("alert", "period", "value_display", "emailed", "webhook_status", "suspended",
                     "fired_at")
     list_filter = ("alert__tenant",)
@@ -138,7 +144,7 @@ class AlertEventAdmin(ReadOnly):
 
 
 @admin.register(ExportJob)
-class ExportJobAdmin(ReadOnly):
+class ExportJobAdmin(ReadOnly[ExportJob]):
     list_display = ("id", "tenant", "start", "end", "format", "status", "rows_done", "rows_total",
                     "created_at")
     list_filter = ("status", "format", "tenant")
@@ -172,3 +178,28 @@ class TenantWithUsageAdmin(TenantAdmin):
 
 admin.site.unregister(Tenant)
 admin.site.register(Tenant, TenantWithUsageAdmin)
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin[Budget]):
+    list_display = ["tenant", "scope", "limit_shown", "period", "this_period", "enabled"]
+    list_filter = ["level", "metric", "period", "enabled", "tenant"]
+    search_fields = ["tenant__slug", "end_user", "api_key__name", "project__name"]
+    autocomplete_fields = ["tenant"]
+    raw_id_fields = ["project", "api_key"]
+    list_select_related = ["tenant", "project", "api_key"]
+
+    @admin.display(description="scope")
+    def scope(self, obj: Budget) -> str:
+        return obj.scope_text
+
+    @admin.display(description="limit")
+    def limit_shown(self, obj: Budget) -> str:
+        return obj.limit_text
+
+    @admin.display(description="this period")
+    def this_period(self, obj: Budget) -> str:
+        status = status_of(obj, timezone.now())
+        spent = (f"{status.spent:,.2f} {obj.currency}" if obj.metric == "money"
+                 else f"{status.spent:,.0f} tokens")
+        return f"{spent} ({status.percent}%)" + (" · over budget" if status.over else "")

@@ -134,17 +134,25 @@ def describe(alert: SpendAlert, period: str, value: Decimal, suspended: bool) ->
         f"over the alert threshold of {alert.threshold_text}."
     )
     if suspended:
-        text += " The hard cap is on: the key was suspended." if alert.api_key else (
-            " The hard cap is on: the tenant was suspended."
-        )
+        text += (" The hard cap is on: the key is over budget and its requests are refused "
+                 "(429 insufficient_quota) until an owner raises the cap or resumes it."
+                 if alert.api_key else " The hard cap is on: the tenant was suspended.")
     return text
 
 
-def _email_owners(alert: SpendAlert, period: str, value: Decimal, suspended: bool) -> int:
-    emails = list(
-        Membership.objects.filter(tenant=alert.tenant, role=Membership.Role.OWNER)
-        .exclude(user__email="").values_list("user__email", flat=True)
+NOTIFIED_ROLES = (Membership.Role.OWNER, Membership.Role.BILLING)
+
+
+def notify_emails(tenant: Tenant) -> list[str]:
+    """Who hears about spend: the tenant's owners and its billing members."""
+    return list(
+        Membership.objects.filter(tenant=tenant, role__in=NOTIFIED_ROLES)
+        .exclude(user__email="").values_list("user__email", flat=True).distinct()
     )
+
+
+def _email_owners(alert: SpendAlert, period: str, value: Decimal, suspended: bool) -> int:
+    emails = notify_emails(alert.tenant)
     if not emails:
         return 0
     subject = f"[gateway] Spend alert for {alert.tenant.name} ({period})"
@@ -187,12 +195,12 @@ def deliver(event_id: int) -> webhooks.Outcome | None:
 
 
 def _suspend(alert: SpendAlert) -> bool:
-    """Hard cap: the key stops authenticating now (expired), or the whole tenant is suspended."""
+    """Hard cap: the key is marked over budget (it still authenticates, and answers 429
+    insufficient_quota until an owner resumes it: never rewritten to look expired), or the
+    whole tenant is suspended."""
     if alert.api_key_id:
-
-        changed = ApiKey.objects.filter(pk=alert.api_key_id).usable().update(
-            expires_at=timezone.now()
-        )
+        changed = ApiKey.objects.filter(pk=alert.api_key_id, over_budget_at__isnull=True) \
+            .usable().update(over_budget_at=timezone.now())
         invalidate_principals()
         return bool(changed)
     tenant = Tenant.objects.get(pk=alert.tenant_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from django.http import HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 
 from metering.billing import reports
 
@@ -12,12 +13,12 @@ XLSX_TYPE = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 
 
 def report_response(report: reports.Report, fmt: str, filename: str,
-                    title: str | None = None) -> HttpResponse:
+                    title: str | None = None) -> HttpResponseBase:
     """A small report straight in the response: CSV streamed line by line, XLSX in memory."""
     if fmt == "xlsx":
         buffer = io.BytesIO()
         reports.write_xlsx(report, buffer, title=title)
-        response: HttpResponse = HttpResponse(buffer.getvalue(), content_type=XLSX_TYPE)
+        response: HttpResponseBase = HttpResponse(buffer.getvalue(), content_type=XLSX_TYPE)
     else:
         response = StreamingHttpResponse(reports.csv_lines(report), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="{filename}.{fmt}"'

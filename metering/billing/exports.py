@@ -12,6 +12,7 @@ from pathlib import Path
 
 from celery import shared_task
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -34,7 +35,7 @@ def is_large(
 
 
 def queue_export(
-    *, tenant: Tenant | None, user: object, start: datetime, end: datetime, group_by: str,
+    *, tenant: Tenant | None, user: User | None, start: datetime, end: datetime, group_by: str,
     fmt: str,
 ) -> ExportJob:
     """Create the job and enqueue its task once the row is committed (the task reads it)."""

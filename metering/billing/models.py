@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -31,7 +31,14 @@ def validate_webhook_url(value: str) -> None:
         except webhooks.UnsafeWebhook as exc:
             raise ValidationError(str(exc), code="unsafe_webhook") from None
 
-PRICE_DIGITS = {"max_digits": 14, "decimal_places": 6, "validators": [MinValueValidator(0)]}
+class _Digits(TypedDict):
+    max_digits: int
+    decimal_places: int
+    validators: list[MinValueValidator]
+
+
+PRICE_DIGITS: _Digits = {"max_digits": 14, "decimal_places": 6,
+                         "validators": [MinValueValidator(0)]}
 
 
 class Price(models.Model):
@@ -125,7 +132,7 @@ class ExportJob(models.Model):
 
     @property
     def filename(self) -> str:
-        scope = self.tenant.slug if self.tenant_id else "all-tenants"
+        scope = self.tenant.slug if self.tenant is not None else "all-tenants"
         return f"usage-{scope}-{self.start:%Y%m%d%H}-{self.end:%Y%m%d%H}.{self.format}"
 
 
@@ -191,7 +198,7 @@ class SpendAlert(models.Model):
         return self.webhook_secret
 
     def __str__(self) -> str:
-        scope = self.api_key.name if self.api_key_id else "tenant"
+        scope = self.api_key.name if self.api_key is not None else "tenant"
         return f"{self.tenant} {scope}: {self.threshold_text} per {self.period}"
 
     @property

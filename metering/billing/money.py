@@ -3,16 +3,16 @@
 Costs are exact ``Decimal`` products (``Price.cost``) and stay exact in the database and in
 the reports' ``cost`` field, so reports reconcile with the records to the last digit. What a
 person is shown or billed is an *amount*: the exact cost of one row rounded to the currency's
-minor unit, half up (``round_money``). A total's amount is the sum of its rows' amounts, never
-the rounded exact total, so the rows of a statement always add up to the total printed under
-them (the cost of this rule: a total may differ from the rounded exact sum by up to half a
-minor unit per row; docs/adr explains why an invoice prefers that).
+minor unit, half up (``round_money``), and only a *total* is rounded that way: a total's
+amount is the rounded exact sum, so every grouping of the same usage (by key, tenant, model,
+day, or none) shows the same total. Rows are then given amounts by largest remainder
+(``allocate``), so the printed rows still add up to the printed total (ADR 0013, amended).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from decimal import ROUND_HALF_UP, Decimal
+from collections.abc import Iterable, Sequence
+from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal
 
 # ISO 4217 minor units where they are not 2 (the common case).
 MINOR_UNITS: dict[str, int] = {
@@ -37,9 +37,26 @@ def round_money(amount: Decimal, currency: str) -> Decimal:
     return Decimal(amount).quantize(quantum(currency), rounding=ROUND_HALF_UP)
 
 
-def total_amount(amounts: Iterable[Decimal], currency: str) -> Decimal:
-    """A total is the sum of already-rounded amounts (so rows add up to it on paper)."""
-    return sum((round_money(a, currency) for a in amounts), round_money(Decimal(0), currency))
+def total_amount(costs: Iterable[Decimal], currency: str) -> Decimal:
+    """A total is its exact costs summed, then rounded once: the same whatever the grouping."""
+    return round_money(sum(costs, Decimal(0)), currency)
+
+
+def allocate(costs: Sequence[Decimal], currency: str) -> list[Decimal]:
+    """Rounded amounts for ``costs`` that add up to ``total_amount(costs)`` exactly.
+
+    Largest remainder (Hamilton's method): each row gets its cost floored to the minor unit,
+    and the minor units the total still needs go one each to the rows with the largest
+    remainders (ties to the earlier row, so the result is deterministic). Each row's amount is
+    within one minor unit of its exact cost.
+    """
+    q = quantum(currency)
+    floors = [Decimal(c).quantize(q, rounding=ROUND_FLOOR) for c in costs]
+    units = int((total_amount(costs, currency) - sum(floors, Decimal(0))) / q)
+    by_remainder = sorted(range(len(costs)), key=lambda i: (-(costs[i] - floors[i]), i))
+    for i in by_remainder[:units]:
+        floors[i] += q
+    return floors
 
 
 def format_amount(amount: Decimal, currency: str) -> str:

@@ -4,13 +4,15 @@ A report covers whole hours, because that is the grain of ``UsageRollup``: every
 starts in ``[start, end)`` with ``start`` floored to its hour, so an ``end`` of "now" includes the
 hour in progress; each rollup row is costed at the price in effect at its hour (prices start on
 the hour, ``Price.clean``), so the cost equals the sum of every record's own cost exactly.
-Rows are grouped by any of tenant, key and model, and by currency, because amounts in two
+Rows are grouped by any of tenant, project (the key's project now), key and model, and by
+currency, because amounts in two
 currencies are never added together; the totals come one row per currency.
 
 ``cost`` stays exact (it reconciles with the records); ``amount`` is what people read and are
-billed: each row's cost rounded by ``money.round_money``, and a total's amount is the sum of
-its rows' amounts. Usage without a price has no amount (``None``) and is flagged "unpriced" in
-every file, never written as a zero.
+billed: a total's amount is its exact cost rounded once (``money.total_amount``), so every
+grouping gives the same total, and the rows' amounts are that total allocated by largest
+remainder (``money.allocate``), so they add up to it. Usage without a price has no amount
+(``None``) and is flagged "unpriced" in every file, never written as a zero.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from typing import IO
 
 from django.db.models import QuerySet
 
-from metering.billing.cells import safe_cell, safe_row
-from metering.billing.money import UNPRICED, minor_unit, round_money, total_amount
+from metering.billing.money import UNPRICED, allocate, minor_unit, total_amount
 from metering.billing.pricing import PriceBook
+from metering.billing.spreadsheet import safe_cell, safe_row
 from metering.models import UsageRollup
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Project, Tenant
 
-GROUPS = ("tenant", "key", "model")
+GROUPS = ("tenant", "project", "key", "model")
+DEFAULT_GROUPS = ("tenant", "key", "model")
 PROGRESS_EVERY = 1000
 Progress = Callable[[int, int], None]
 
@@ -54,6 +57,7 @@ def month_range(year: int, month: int, tz: object) -> tuple[datetime, datetime]:
 @dataclass
 class ReportRow:
     tenant: str = ""
+    project: str = ""
     key: str = ""
     model: str = ""
     currency: str = ""
@@ -100,7 +104,7 @@ class Report:
 
     def table(self) -> Iterator[list[object]]:
         """Header, rows, then the totals rows labelled TOTAL."""
-        yield self.columns
+        yield [*self.columns]
         for row in self.rows:
             yield self.cells(row)
         for total in self.totals:
@@ -132,13 +136,14 @@ def rollups(
 
 def build_report(
     start: datetime, end: datetime, *, tenant: Tenant | None = None,
-    group_by: Sequence[str] = GROUPS, api_key_ids: Sequence[int] | None = None,
+    group_by: Sequence[str] = DEFAULT_GROUPS, api_key_ids: Sequence[int] | None = None,
     model: str | None = None, progress: Progress | None = None,
 ) -> Report:
     qs = rollups(start, end, tenant=tenant, api_key_ids=api_key_ids, model=model)
     total = qs.count() if progress else 0
     book = PriceBook(qs.values_list("model_name", flat=True).distinct().order_by())
     groups: dict[tuple[object, ...], ReportRow] = {}
+    projects = _key_projects(tenant) if "project" in group_by else {}
     fields = ("tenant_id", "api_key_id", "model_name", "hour", "requests", "prompt_tokens",
               "cached_tokens", "completion_tokens")
     done = 0
@@ -146,7 +151,8 @@ def build_report(
         qs.order_by().values_list(*fields).iterator(chunk_size=2000)
     ):
         cost, currency = book.cost(model_name, hour, prompt, cached, completion)
-        ident = {"tenant": tid, "key": kid, "model": model_name}
+        ident = {"tenant": tid, "key": kid, "model": model_name,
+                 "project": projects.get(kid)}
         group = (*(ident[g] for g in group_by), currency)
         row = groups.setdefault(group, ReportRow(currency=currency))
         row.add(n, prompt, cached, completion, cost)
@@ -154,11 +160,23 @@ def build_report(
         if progress and done % PROGRESS_EVERY == 0:
             progress(done, total)
     rows = _label(groups, tuple(group_by))
-    for row in rows:
-        row.amount = round_money(row.cost, row.currency) if row.priced else None
+    _allocate_amounts(rows)
     if progress:
         progress(done, total)
     return Report(floor_hour(start), ceil_hour(end), tuple(group_by), rows, _totals(rows))
+
+
+def _key_projects(tenant: Tenant | None) -> dict[int, int]:
+    """Key id -> project id, for keys in a project (usage follows the key's project now)."""
+    keys = ApiKey.objects.filter(project__isnull=False)
+    if tenant is not None:
+        keys = keys.filter(tenant=tenant)
+    return {k: p for k, p in keys.values_list("id", "project_id") if p is not None}
+
+
+def _id(value: object) -> int | None:
+    """A tenant or key id of a group's key (None: usage made with no key)."""
+    return value if isinstance(value, int) else None
 
 
 def _label(
@@ -166,21 +184,40 @@ def _label(
 ) -> list[ReportRow]:
     """Fill in tenant and key names (two queries) and sort the rows for reading."""
     position = {g: i for i, g in enumerate(group_by)}
-    tenant_ids = {k[position["tenant"]] for k in groups} if "tenant" in position else set()
-    key_ids = {k[position["key"]] for k in groups} if "key" in position else set()
-    tenants = dict(Tenant.objects.filter(id__in=tenant_ids - {None}).values_list("id", "slug"))
-    keys = {k.id: f"{k.name} ({k.masked})" for k in ApiKey.objects.filter(id__in=key_ids - {None})}
+    tenant_ids = {_id(k[position["tenant"]]) for k in groups} if "tenant" in position else set()
+    key_ids = {_id(k[position["key"]]) for k in groups} if "key" in position else set()
+    tenants: dict[int | None, str] = dict(Tenant.objects.filter(
+        id__in={i for i in tenant_ids if i is not None}).values_list("id", "slug"))
+    keys: dict[int | None, str] = {
+        k.id: f"{k.name} ({k.masked})" for k in ApiKey.objects.filter(
+            id__in={i for i in key_ids if i is not None})}
+    project_ids = {_id(k[position["project"]]) for k in groups} if "project" in position \
+        else set()
+    projects: dict[int | None, str] = dict(Project.objects.filter(
+        id__in={i for i in project_ids if i is not None}).values_list("id", "name"))
     for ident, row in groups.items():
         if "tenant" in position:
-            tid = ident[position["tenant"]]
+            tid = _id(ident[position["tenant"]])
             row.tenant = tenants.get(tid, f"(deleted tenant #{tid})")
+        if "project" in position:
+            pid = _id(ident[position["project"]])
+            row.project = "(no project)" if pid is None else projects.get(pid, f"#{pid}")
         if "key" in position:
-            kid = ident[position["key"]]
-            row.key_id = kid  # type: ignore[assignment]
+            kid = _id(ident[position["key"]])
+            row.key_id = kid
             row.key = "(no key)" if kid is None else keys.get(kid, f"(deleted key #{kid})")
         if "model" in position:
             row.model = str(ident[position["model"]])
-    return sorted(groups.values(), key=lambda r: (r.tenant, r.key, r.model, r.currency))
+    return sorted(groups.values(),
+                  key=lambda r: (r.tenant, r.project, r.key, r.model, r.currency))
+
+
+def _allocate_amounts(rows: list[ReportRow]) -> None:
+    """Each currency's rows get amounts adding up to that currency's rounded exact total."""
+    for currency in {r.currency for r in rows if r.priced}:
+        mine = [r for r in rows if r.currency == currency]
+        for row, amount in zip(mine, allocate([r.cost for r in mine], currency), strict=True):
+            row.amount = amount
 
 
 def _totals(rows: list[ReportRow]) -> list[ReportRow]:
@@ -203,7 +240,8 @@ def _totals(rows: list[ReportRow]) -> list[ReportRow]:
 
 BOM = "\ufeff"
 INT_FORMAT = "#,##0"
-COLUMN_WIDTHS = {"tenant": 24, "key": 36, "model": 24, "cost": 14, "currency": 9, "note": 44}
+COLUMN_WIDTHS = {"tenant": 24, "project": 24, "key": 36, "model": 24, "cost": 14, "currency": 9,
+                 "note": 44}
 
 
 def _text(value: object) -> object:
@@ -259,7 +297,8 @@ def write_xlsx(report: Report, out: IO[bytes], title: str | None = None) -> None
         row = all_rows[index - 1] if index else None
         out_cells = []
         for position, value in enumerate(safe_row(cells)):
-            cell = WriteOnlyCell(sheet, value=value)
+            # The stubs allow str | float | datetime | None; openpyxl writes Decimal amounts too.
+            cell = WriteOnlyCell(sheet, value=value)  # type: ignore[arg-type]
             if row is not None and isinstance(value, int | Decimal):
                 cell.number_format = (_money_format(row.currency) if position == cost_at
                                       else INT_FORMAT)

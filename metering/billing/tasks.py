@@ -16,7 +16,7 @@ from celery import shared_task
 from celery.app.task import Task
 from django.conf import settings
 
-from metering.billing import alerts, exports
+from metering.billing import alerts, budget_alerts, exports
 from metering.billing.exports import run_export
 from metering.billing.models import AlertEvent
 
@@ -25,12 +25,13 @@ __all__ = ["check_spend_alerts", "purge_exports", "run_export"]
 
 @shared_task(name="billing.check_spend_alerts", ignore_result=True)
 def check_spend_alerts() -> int:
-    return len(alerts.check_all())
+    """Spend alerts, then budgets' soft thresholds (50/80/100 %)."""
+    return len(alerts.check_all()) + len(budget_alerts.check_all())
 
 
 @shared_task(name="billing.deliver_webhook", bind=True, ignore_result=True, max_retries=None,
              acks_late=False)
-def deliver_webhook(self: Task, event_id: int) -> str | None:
+def deliver_webhook(self: Task[[int], str | None], event_id: int) -> str | None:
     outcome = alerts.deliver(event_id)
     if outcome is None or outcome.final:
         return outcome.status if outcome else None
@@ -45,7 +46,7 @@ def retry_delay(attempt: int) -> float:
     """Exponential backoff with full jitter: base * 2^(attempt-1), capped, times U(0.5, 1)."""
     import random
 
-    ceiling = min(settings.WEBHOOK_RETRY_BASE_SECONDS * 2 ** (attempt - 1), 3600.0)
+    ceiling = min(settings.WEBHOOK_RETRY_BASE_SECONDS * 2.0 ** (attempt - 1), 3600.0)
     return ceiling * random.uniform(0.5, 1.0)
 
 

@@ -226,12 +226,14 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
     """TLS to a checked IP, with SNI and certificate verification against the URL's name."""
 
     def __init__(self, host: str, port: int, *, ip: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        tls = ssl.create_default_context()
+        super().__init__(host, port, timeout=timeout, context=tls)
+        self._tls = tls
         self._ip = ip
 
     def connect(self) -> None:
         raw = _connect_checked(self._ip, self.port, self.timeout)
-        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)
+        self.sock = self._tls.wrap_socket(raw, server_hostname=self.host)
 
 
 _create_connection = socket.create_connection  # the one way out (tests watch it)

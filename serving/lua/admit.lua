@@ -11,6 +11,9 @@
 -- ARGV[4] max output tokens  ARGV[5] stream (0/1)  ARGV[6] seconds until the token expires
 -- ARGV[7..14] rate per minute, burst for the four buckets (rate 0 = not limited)
 -- ARGV[15..16] concurrency limits, ARGV[17..18] open-stream limits (0 = not limited)
+-- KEYS[11..10+N] budget counters (serving.budgets: one per budget in the request's chain, the
+--   period's label in the key)  ARGV[19] N, then per budget: limit, amount reserved, counter TTL
+--   in seconds (0 = none, a lifetime budget); integers (micro-units of money, or tokens)
 --
 -- Invariants (tests/test_accounting.py tries to break them):
 --   A1  every bucket level stays within [0, burst]: refill is capped at burst and a charge is
@@ -26,6 +29,16 @@
 --       below, which also removes the token first. Buckets are not refunded by the prune:
 --       they refill by themselves, so a lost refund costs the tenant at most one charge's
 --       worth of rate for a minute.
+--   B1  a budget counter never exceeds its limit through admission: each reservation is
+--       checked (used + amount <= limit) and added in this one script, so any number of
+--       gateways racing for the last unit of a budget admit at most what it holds.
+--   B2  a refused request reserves nothing (A2): every budget is checked before any charge.
+--       Settlement gives back the unused part once (release.lua, R1); admit.lua's prune (A5)
+--       never touches budgets, so a lost release over-counts spend, never under-counts it.
+--   H1  the headers state the reservation rule: x-ratelimit-remaining-tokens is the reported
+--       bucket's level after this request's reservation (admitted) or now (refused), and
+--       x-ratelimit-reserved-tokens what this request takes from it; a request is refused by
+--       that bucket exactly when reserved > remaining (serving.admission.RateLimitInfo).
 --   C1  a split tenant's bucket holds its cell's share (share_rate, share_burst, written by
 --       cell_share.lua): it replaces the caller's rate and burst, so every gateway of the cell
 --       enforces the share the rebalancer last set, atomically with the charge (docs/adr/0019).
@@ -99,22 +112,38 @@ local function header_values(charged, failing)
       end
     end
   end
-  if not pick then return {tostring(req_limit), tostring(math.max(req_rem, 0)), '-1', '-1', '0'} end
+  if not pick then
+    return {tostring(req_limit), tostring(math.max(req_rem, 0)), '-1', '-1', '0', '-1'}
+  end
   local left = levels[pick] - charged * amounts[pick]
   local reset = (bursts[pick] - left) * 60 / rates[pick]
+  -- The 6th value is what this request reserves from the reported bucket (the reservation
+  -- rule: prompt, or n x max_tokens): refused whenever it exceeds the remaining (H1).
   return {tostring(req_limit), tostring(math.max(req_rem, 0)), tostring(rates[pick]),
-          tostring(math.floor(math.max(left, 0))), string.format('%.3f', reset)}
+          tostring(math.floor(math.max(left, 0))), string.format('%.3f', reset),
+          tostring(amounts[pick])}
 end
 
 local function reject(reason, scope, retry_after, failing)
   local h = header_values(0, failing)
-  return {0, reason, scope, tostring(retry_after), h[1], h[2], h[3], h[4], h[5]}
+  return {0, reason, scope, tostring(retry_after), h[1], h[2], h[3], h[4], h[5], h[6]}
 end
 
 -- 1. A request bigger than a bucket can ever hold never fits: a distinct answer, no retry time.
 for i = 1, 4 do
   if rates[i] > 0 and amounts[i] > bursts[i] then
     return reject('too_large', scopes[i] .. ':' .. kinds[i], 0, i)
+  end
+end
+-- 1b. Budgets (B1, B2): the reservation must fit under every budget's limit.
+local n_budgets = tonumber(ARGV[19] or '0') or 0
+for b = 1, n_budgets do
+  local limit, amount = tonumber(ARGV[17 + 3 * b]), tonumber(ARGV[18 + 3 * b])
+  local used = tonumber(redis.call('GET', KEYS[10 + b]) or '0')
+  if used + amount > limit then
+    local h = header_values(0, nil)
+    return {0, 'insufficient_quota', tostring(b), '0', h[1], h[2], h[3], h[4], h[5], h[6],
+            tostring(used)}
   end
 end
 -- 2. Concurrency and open streams: a slot frees when some request ends; no rate to compute.
@@ -145,6 +174,11 @@ for i = 1, 4 do
                'ts', string.format('%.6f', now))
   end
 end
+for b = 1, n_budgets do
+  redis.call('INCRBY', KEYS[10 + b], tonumber(ARGV[18 + 3 * b]))
+  local ttl = tonumber(ARGV[19 + 3 * b])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[10 + b], ttl) end
+end
 local taken = {}
 for j = 1, 2 do
   redis.call('INCR', KEYS[6 + j])
@@ -156,4 +190,5 @@ for j = 1, 2 do
 end
 redis.call('ZADD', KEYS[1], string.format('%.3f', now + tonumber(ARGV[6])), ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], table.concat(taken, ' '))
-return {1, 'ok', '', '0', headers[1], headers[2], headers[3], headers[4], headers[5]}
+return {1, 'ok', '', '0', headers[1], headers[2], headers[3], headers[4], headers[5],
+        headers[6]}

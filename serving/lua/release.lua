@@ -6,6 +6,8 @@
 -- ARGV[1] rid  ARGV[2] now in seconds ('' = Redis TIME)
 -- ARGV[3..6] amount to add back to each bucket (negative: charge the excess)
 -- ARGV[7..14] rate per minute, burst for the four buckets (rate 0 = not limited)
+-- KEYS[7..6+N] budget counters  ARGV[15] N, ARGV[16..15+N] what to give back to each (the
+--   reservation minus the exact cost; negative charges an excess)
 -- Returns 1 when it released, 0 when the token was already gone (released or pruned).
 --
 -- Invariants:
@@ -13,6 +15,8 @@
 --       repeated or late release (and admit.lua's prune of an expired token) changes nothing.
 --   R2  buckets stay within [0, burst] (refunds are capped, extra charges floor at 0) and each
 --       counter admit.lua incremented is decremented once, never below zero.
+--   B3  a budget counter gets back its request's unused reservation once (R1), never goes below
+--       zero, and is not recreated once its period's counter expired (nothing left to refund).
 --   C1  a split tenant's bucket is refilled and refunded at its cell's share (share_rate,
 --       share_burst, written by cell_share.lua), as admit.lua charges it (docs/adr/0019).
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
@@ -33,6 +37,12 @@ for i = 1, 4 do
     level = math.max(0, math.min(burst, level + delta))
     redis.call('HSET', k, 'level', string.format('%.6f', level), 'ts',
                string.format('%.6f', math.max(now, ts)))
+  end
+end
+for b = 1, tonumber(ARGV[15] or '0') or 0 do
+  local k, delta = KEYS[6 + b], tonumber(ARGV[15 + b])
+  if delta ~= 0 and redis.call('EXISTS', k) == 1 then
+    if redis.call('DECRBY', k, delta) < 0 then redis.call('SET', k, '0', 'KEEPTTL') end
   end
 end
 local what = redis.call('HGET', KEYS[2], ARGV[1]) or ''

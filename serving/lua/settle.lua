@@ -56,6 +56,7 @@ local record = {
   key_id = tonumber(h.key or '') or cjson.null,
   model = h.model or cjson.null,
   pool = h.pool or cjson.null,
+  end_user = (h.end_user or '') ~= '' and h.end_user or cjson.null,
   prompt_tokens = prompt,
   cached_tokens = cached,
   completion_tokens = output,
@@ -70,6 +71,8 @@ local record = {
   dispatched_at_ms = dispatched or cjson.null,
   first_token_at_ms = first or cjson.null,
   settled_at_ms = now_ms,
+  -- For the tenants' request log (metering.requestlog); set by submit's context when known.
+  project_id = tonumber(h.project or '') or cjson.null,
 }
 local encoded = cjson.encode(record)
 redis.call('RPUSH', KEYS[3], encoded)
@@ -98,4 +101,8 @@ for i = 1, 4 do
   out[#out + 1] = h['r' .. i] or '0'
   out[#out + 1] = h['x' .. i] or '0'
 end
+-- Budgets (serving.budgets): their counters, metrics, reserved amounts and the prices fixed at
+-- admission, and the cached count, so the winner computes the exact cost for release.lua.
+for _, f in ipairs({'bk', 'bm', 'bv', 'pi', 'pc', 'po'}) do out[#out + 1] = h[f] or '' end
+out[#out + 1] = tostring(cached)
 return out

@@ -9,7 +9,7 @@ is a thin adapter and the simulated engine is held to the same contract.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -75,6 +75,8 @@ class EngineLoad:
 
 class Tokenizer(Protocol):
     eos_token_id: int | None
+    # Ids at or above it are not tokens: the worker refuses them before the engine sees them.
+    vocab_size: int
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -121,7 +123,7 @@ class Engine(abc.ABC):
         """Stop after aborting whatever is still running."""
 
     @abc.abstractmethod
-    def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+    def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         """Submit and stream deltas until one carries a finish reason.
 
         Cancelling the consumer (closing the iterator) must abort the request, as in vLLM.

@@ -41,7 +41,7 @@ class VirtualDeadlock(RuntimeError):
     """Every task waits, no timer is pending and no I/O arrived: the simulation is stuck."""
 
 
-class _VirtualSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _VirtualSelector(selectors.DefaultSelector):
     """A selector that advances virtual time instead of blocking on a timeout."""
 
     def __init__(self, clock: VirtualClock) -> None:

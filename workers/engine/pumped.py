@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any
 
 from workers.engine.base import EngineError, TokenDelta
@@ -29,7 +29,7 @@ class PumpedStreams(dict[str, PumpedStream]):
 
     async def relay(
         self, request_id: str, pump: Callable[[PumpedStream], Coroutine[Any, Any, None]]
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """Start ``pump(stream)`` and yield its deltas until one finishes; raise its errors."""
         if request_id in self:
             raise EngineError(f"request {request_id} is already running", retryable=False)

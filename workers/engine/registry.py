@@ -8,7 +8,7 @@ message naming the pool and the key instead of a traceback from deep inside an e
 Keys every backend accepts:
 - ``capacity``: planner inputs for this pool (``tenants.capacity.POOL_PLAN_KEYS``);
 - ``lora`` (vllm, openai_upstream): ``{"enabled", "max_loras", "max_lora_rank", "adapter_root",
-  "adapters": [{"name", "tenant_id", "path", "upstream_model"}]}`` (``workers.engine.adapters``).
+  "adapters": [{"name", "tenant_id", "path", "upstream_model"}]}`` (``serving.adapters``).
 
 See ``docs/deployment.md`` for each backend's keys with examples.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from serving.adapters import AdapterCatalog, AdapterConfigError
 from tenants.models import Pool
-from workers.engine.adapters import AdapterCatalog, AdapterConfigError
 from workers.engine.base import Engine
 from workers.engine.simulated import Fault, SimConfig, SimulatedEngine
 from workers.engine.upstream import UpstreamEngine, UpstreamSettings
@@ -153,11 +153,8 @@ def validate(spec: EngineSpec) -> None:
 def adapter_catalog(spec: Any) -> AdapterCatalog:
     """The pool's LoRA adapters (for the API layer: ``resolve`` and ``visible_names``)."""
     spec = EngineSpec.coerce(spec)
-    lora = spec.backend_settings.get("lora") or {}
-    if lora.get("adapters") and not lora.get("enabled", spec.backend == "openai_upstream"):
-        raise EngineConfigError(f"pool {spec.name!r}: adapters are listed but lora.enabled is off")
     try:
-        return AdapterCatalog.from_settings(lora)
+        return AdapterCatalog.of_pool(spec.name, spec.backend, spec.backend_settings)
     except AdapterConfigError as exc:
         raise EngineConfigError(f"pool {spec.name!r}: {exc}") from exc
 

@@ -13,7 +13,7 @@ simulated chat template: a ``<tools>`` block of one JSON definition a line, then
   ``_``, ``-`` and camel case, parts of three letters or more, compared case-insensitively
   ("What is the weather in Oslo?" calls ``get_weather``);
 - the arguments are a document valid against the tool's ``parameters`` schema, drawn by the
-  guided sampler (``workers.engine.guided``) with the message's own words as string content; a
+  guided sampler (``serving.guided``) with the message's own words as string content; a
   schema the sampler cannot honour means no call (it answers in text);
 - the call is written in the template's (Hermes) syntax, which the gateway's ``hermes`` parser
   reads: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
@@ -26,7 +26,7 @@ import random
 import re
 from typing import Any
 
-from workers.engine.guided import SchemaError, check_schema, sample_json
+from serving.guided import SchemaError, check_schema, sample_json
 
 ROLES = ("system", "user", "assistant", "tool")
 GENERATION_PROMPT = "<|assistant|>\n"
@@ -90,4 +90,56 @@ def tool_call_text(prompt: str, rng: random.Random) -> str | None:
             return None
         return "<tool_call>" + json.dumps({"name": fn["name"], "arguments": args},
                                           ensure_ascii=False) + "</tool_call>"
+    return None
+
+
+# -- json_object: the schema a prompt asks for ------------------------------------------------
+#
+# A real model asked for ``json_object`` reads the prompt ("answer with a JSON object with the
+# keys setup and punchline") and writes what it asks. The simulated model cannot read; it
+# follows this rule instead: when the prompt holds a JSON Schema, in a fenced block or as a
+# bare object with a ``properties`` object (LangChain's format instructions, instructor's
+# Mode.JSON, the Vercel AI SDK's generateObject), the document it writes is valid against the
+# first one found. Otherwise it writes any JSON object.
+
+_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.DOTALL)
+MAX_SCAN_CHARS = 20_000  # of the prompt's end, so a huge prompt costs a bounded scan
+MAX_TRIES = 100  # candidate objects decoded at most
+
+
+def _as_schema(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, dict) or not isinstance(value.get("properties"), dict):
+        return None
+    schema = value if "type" in value else {**value, "type": "object"}
+    try:
+        check_schema(schema)
+    except (SchemaError, RecursionError, KeyError, ValueError):
+        return None
+    return schema
+
+
+def schema_in_prompt(prompt: str) -> dict[str, Any] | None:
+    """The first JSON Schema (an object with ``properties``) the prompt holds, fenced blocks
+    first; None when there is none the sampler can honour."""
+    text = prompt[-MAX_SCAN_CHARS:]
+    for block in _FENCE.findall(text):
+        try:
+            found = _as_schema(json.loads(block))
+        except (ValueError, RecursionError):
+            continue
+        if found is not None:
+            return found
+    decoder = json.JSONDecoder()
+    at, tries = text.find("{"), 0
+    while at >= 0 and tries < MAX_TRIES:
+        tries += 1
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            at = text.find("{", at + 1)
+            continue
+        found = _as_schema(value)
+        if found is not None:
+            return found
+        at = text.find("{", end if isinstance(value, dict) and end > at else at + 1)
     return None

@@ -17,7 +17,7 @@ It runs no model, but it schedules like one (vLLM v1 is the reference):
   presence, frequency and repetition penalties, ``logit_bias``, ``min_tokens`` (end-of-sequence
   masked until then), temperature; ``logprobs`` reports the distribution the token was drawn
   from. Structured outputs (``json_schema``/``json_object``) emit a schema-valid document drawn
-  for the request (``workers.engine.guided``), token by token, then end-of-sequence. Offered
+  for the request (``serving.guided``), token by token, then end-of-sequence. Offered
   tools under ``tool_choice: "auto"``, it calls one when the conversation asks for it, by the
   deterministic rule in ``workers.engine.simtools``.
 """
@@ -35,12 +35,15 @@ import random
 import re
 from array import array
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from heapq import heappop, heappush
 from pathlib import Path
 
+from serving.guided import sample_json_bounded
+from serving.schema_limits import check_bounds
+from serving.tokenization import HFTokenizer, IncrementalDetokenizer, load_tokenizer
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -53,10 +56,8 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.clock import Clock, RealClock
-from workers.engine.guided import sample_json
 from workers.engine.kv_cache import BlockManager, BlockTable, ModelGeometry
-from workers.engine.simtools import tool_call_text
-from workers.tokenization import HFTokenizer, IncrementalDetokenizer, load_tokenizer
+from workers.engine.simtools import schema_in_prompt, tool_call_text
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,8 @@ class _Seq:
         "waiter",
     )
 
-    def __init__(self, req: EngineRequest, arrival: int, eos: int | None, fault: Fault | None):
+    def __init__(self, req: EngineRequest, arrival: int, eos: int | None, fault: Fault | None,
+                 detok: IncrementalDetokenizer) -> None:
         sp = req.sampling
         self.req = req
         self.arrival = arrival
@@ -312,7 +314,7 @@ class _Seq:
         self.sink: Callable[[TokenDelta], None] | None = None
         self.result: asyncio.Future[TokenDelta] | None = None
         self.rng: Callable[[], float] | None = None
-        self.detok: IncrementalDetokenizer | None = None
+        self.detok = detok
         self.finish_len = 0
         # Structured outputs: the document's token ids still to emit (None: unconstrained).
         self.forced: deque[int] | None = None
@@ -375,7 +377,7 @@ class SimulatedEngine(Engine):
                 await self._task
             self._task = None
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         seq = self._submit(request)
         loop = asyncio.get_running_loop()
         try:
@@ -466,7 +468,7 @@ class SimulatedEngine(Engine):
         fault = Fault("error") if req.request_id in self.config.fail_request_ids else None
         if fault is None and self.config.faults is not None:
             fault = self.config.faults(req)
-        seq = _Seq(req, self._arrivals, self._tok.eos_token_id, fault)
+        seq = _Seq(req, self._arrivals, self._tok.eos_token_id, fault, self._tok.detokenizer())
         self._arrivals += 1
         seed = req.sampling.seed if req.sampling.seed is not None else self.config.seed
         if req.sampling.temperature > 0:
@@ -475,7 +477,6 @@ class SimulatedEngine(Engine):
             seq.forced = self._document(req, seed)
         elif req.sampling.may_call_tools:
             seq.forced = self._tool_call(req, seed)
-        seq.detok = self._tok.detokenizer()
         seq.finish_len = min(seq.prompt_len + req.sampling.max_tokens, self.config.max_model_len)
         self._seqs[req.request_id] = seq
         heappush(self._waiting, (req.priority, seq.arrival, seq))
@@ -487,13 +488,28 @@ class SimulatedEngine(Engine):
         """The token ids of a schema-valid document for this request (see the module doc)."""
         sp = req.sampling
         schema = json.loads(sp.json_schema) if sp.json_schema is not None else None
-        rng = random.Random(_seed_for(seed + 1, req.prompt_token_ids))
-        try:
-            text = sample_json(schema, rng, list(corpus_words()))
-        except (ValueError, RecursionError) as exc:
-            raise EngineError(f"cannot decode to this JSON schema: {exc}",
-                              retryable=False) from None
-        return deque(self._tok.encode(text))
+        if schema is None:  # json_object: the schema the prompt asks for, if it holds one
+            prompt = self._tok.decode(req.prompt_token_ids, skip_special_tokens=False)
+            schema = schema_in_prompt(prompt)
+        # The work is bounded by what will be emitted (max_tokens), not by the schema's
+        # minItems or minLength: start with a budget that usually covers max_tokens and
+        # double it only while a cut-short document is still shorter than that.
+        budget, most = sp.max_tokens * 8 + 256, sp.max_tokens * 64 + 4096
+        words = list(corpus_words())
+        while True:
+            rng = random.Random(_seed_for(seed + 1, req.prompt_token_ids))
+            try:
+                if schema is not None:
+                    check_bounds(schema)
+                text, cut = sample_json_bounded(schema, rng, words, budget)
+            except (ValueError, RecursionError, TypeError, KeyError, IndexError,
+                    AttributeError) as exc:
+                raise EngineError(f"cannot decode to this JSON schema: {exc}",
+                                  retryable=False) from None
+            ids = self._tok.encode(text)
+            if not cut or len(ids) > sp.max_tokens + 1 or budget >= most:
+                return deque(ids)
+            budget *= 2
 
     def _tool_call(self, req: EngineRequest, seed: int) -> deque[int] | None:
         """The token ids of the tool call this prompt calls for, or None to answer in text
@@ -823,10 +839,10 @@ class SimulatedEngine(Engine):
                 item = EngineError(f"stream callback failed: {exc}", retryable=True,
                                    usage=seq.usage())
         if not result.done():
-            if type(item) is TokenDelta:
-                result.set_result(item)
-            else:
+            if isinstance(item, EngineError):
                 result.set_exception(item)
+            else:
+                result.set_result(item)
 
     def _release(self, seq: _Seq, unlist: bool = True) -> None:
         """Take the sequence out of the engine and free its KV blocks (now, not next step).

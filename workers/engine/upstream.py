@@ -38,13 +38,15 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from workers.engine.adapters import AdapterCatalog, AdapterNotFound
+from infra.quietlog import Repeated
+from serving.adapters import AdapterCatalog, AdapterNotFound
+from serving.tokenization import HFTokenizer, load_tokenizer
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -57,9 +59,9 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
-from workers.tokenization import HFTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
+USAGE_DIFFERS = Repeated(log, "upstream_usage_differs")
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT,
            "eos": FinishReason.STOP}
@@ -278,8 +280,9 @@ class _Tally:
         cached = int(details.get("cached_tokens") or 0)
         if output != counted or prompt != self.prompt:
             # The upstream's count wins (it ran the model); a gap means tokenizers differ.
-            log.warning("upstream usage %s/%s differs from the gateway's %s/%s",
-                        prompt, output, self.prompt, counted)
+            # Per request when it happens at all: one line a minute, every one counted.
+            USAGE_DIFFERS.warning("upstream usage %s/%s differs from the gateway's %s/%s",
+                                  prompt, output, self.prompt, counted)
         return Usage(prompt, cached, output)
 
     def partial(self, tokenizer: HFTokenizer) -> Usage:
@@ -349,7 +352,7 @@ class UpstreamEngine(Engine):
             raise EngineError("the upstream engine is not started", retryable=True)
         return body, _Tally(request, body["max_tokens"])
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         body, tally = self._prepare(request)
         # aclosing: a consumer that stops early closes the relay now, which cancels the pump.
         relay = self._streams.relay(request.request_id,

@@ -21,7 +21,7 @@ Per request it enforces:
 - I1, prefix-cache isolation: the prompt carries the tenant's ``cache_salt``; a request without
   one is refused rather than served from the shared, unsalted cache;
 - adapters are tenant data: a ``LoRARequest`` is built only when the request's salt is the
-  adapter owner's (``workers.engine.adapters``); anyone else gets "not found";
+  adapter owner's (``serving.adapters``); anyone else gets "not found";
 - fairness inside the batch: with ``scheduling_policy="priority"`` the request's priority (from
   the WFQ order; lower runs first) is passed on; under FCFS vLLM ignores priorities for ordering,
   so 0 is sent and the order is arrival order.
@@ -50,12 +50,13 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.engine.adapters import Adapter, AdapterCatalog, AdapterNotFound
+from serving.adapters import Adapter, AdapterCatalog, AdapterNotFound
+from serving.tokenization import HFTokenizer, load_tokenizer
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -69,7 +70,6 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
-from workers.tokenization import HFTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -312,12 +312,16 @@ def to_vllm(call: GenerateCall) -> tuple[Any, Any, Any]:
 
             kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
         except ImportError:
-            from vllm.sampling_params import GuidedDecodingParams
+            # Gone from the vLLM these stubs come from; present in the versions that lack the above.
+            from vllm.sampling_params import GuidedDecodingParams  # type: ignore[attr-defined]
 
             kwargs["guided_decoding"] = GuidedDecodingParams(**structured)
     params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
     lora = LoRARequest(**call.lora) if call.lora else None
-    return TokensPrompt(**call.prompt), params, lora
+    prompt = TokensPrompt(prompt_token_ids=call.prompt["prompt_token_ids"])
+    if "cache_salt" in call.prompt:
+        prompt["cache_salt"] = call.prompt["cache_salt"]
+    return prompt, params, lora
 
 
 def token_logprobs(token_ids: Any, logprobs: Any, k: int | None
@@ -350,10 +354,10 @@ class LoadSink:
             return
         self.running = int(getattr(scheduler_stats, "num_running_reqs", 0))
         self.waiting = int(getattr(scheduler_stats, "num_waiting_reqs", 0))
-        usage = getattr(scheduler_stats, "kv_cache_usage", None)
+        usage: float | None = getattr(scheduler_stats, "kv_cache_usage", None)
         if usage is None:  # the field's name before vLLM 0.10
-            usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
-        self.kv_usage = float(usage)
+            usage = float(getattr(scheduler_stats, "gpu_cache_usage", 0.0))
+        self.kv_usage = usage
         self.seen = True
 
 
@@ -361,7 +365,7 @@ def stat_logger_factory(sink: LoadSink) -> Callable[..., Any]:
     """A vLLM ``StatLoggerFactory`` whose loggers copy scheduler stats into ``sink``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class _SinkLogger(StatLoggerBase):  # type: ignore[misc]
+    class _SinkLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 
@@ -535,7 +539,7 @@ class VLLMEngine(Engine):
             self._dead = "the vLLM engine core died"
         return self._dead
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenDelta]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenDelta, None]:
         call = build_generate_call(request, self.settings, self.catalog, self._tok.vocab_size,
                                    self._broken)
         if call.lora is not None:

@@ -1,5 +1,6 @@
 """Management API viewsets, one module per capability."""
 
+from gateway.api.views.budgets import BudgetViewSet, ProjectViewSet
 from gateway.api.views.content_logging import ContentLoggingViewSet
 from gateway.api.views.finance import ExportJobViewSet, ReportViewSet, SpendAlertViewSet
 from gateway.api.views.keys import ApiKeyViewSet
@@ -11,12 +12,15 @@ from gateway.api.views.platform import (
     ServedModelViewSet,
     TenantViewSet,
 )
+from gateway.api.views.requestlog import RequestLogViewSet
+from gateway.api.views.routes import RouteViewSet, TenantFallbackViewSet
 from gateway.api.views.tokens import ManagementTokenViewSet
 from gateway.api.views.usage import UsageRecordViewSet, UsageRollupViewSet
 
 __all__ = [
-    "ApiKeyViewSet", "ContentLoggingViewSet", "ExportJobViewSet", "InvitationViewSet",
-    "ManagementTokenViewSet", "MembershipViewSet", "PlatformReportView", "PoolViewSet",
-    "PriceViewSet", "QuotaViewSet", "ReportViewSet", "ServedModelViewSet", "SpendAlertViewSet",
-    "TenantViewSet", "UsageRecordViewSet", "UsageRollupViewSet",
+    "ApiKeyViewSet", "BudgetViewSet", "ContentLoggingViewSet", "ExportJobViewSet",
+    "InvitationViewSet", "ManagementTokenViewSet", "MembershipViewSet", "PlatformReportView",
+    "PoolViewSet", "PriceViewSet", "ProjectViewSet", "QuotaViewSet", "ReportViewSet",
+    "RequestLogViewSet", "RouteViewSet", "ServedModelViewSet", "SpendAlertViewSet",
+    "TenantFallbackViewSet", "TenantViewSet", "UsageRecordViewSet", "UsageRollupViewSet",
 ]

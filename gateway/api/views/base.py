@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db.models import Model, QuerySet
+from django.db.models import Model
+from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, viewsets
 from rest_framework.exceptions import PermissionDenied
@@ -12,9 +13,11 @@ from rest_framework.request import Request
 
 from gateway.api import access
 from tenants import roles
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, ApiKeyQuerySet, Tenant
 
 # Not ``format``: DRF reads that one for content negotiation.
+_M = TypeVar("_M", bound=Model)
+
 FILE_PARAM = OpenApiParameter("file", str, enum=["csv", "xlsx"],
                               description="Download as a file; absent = JSON.")
 TENANT_PARAM = OpenApiParameter("tenant", str, OpenApiParameter.PATH, description="Tenant slug.")
@@ -38,8 +41,12 @@ class ReadForMembersWriteWithPermission(permissions.BasePermission):
 
 
 @extend_schema(parameters=[TENANT_PARAM])
-class TenantScoped(viewsets.GenericViewSet):
+class TenantScoped(viewsets.GenericViewSet[_M]):
     """Resolves ``self.tenant`` and ``self.role`` before any handler runs."""
+
+    tenant: Tenant
+    # None only for a platform write by staff holding the model's Django permission.
+    role: str | None
 
     capability = "usage"
     write_capability: str | None = None
@@ -61,7 +68,7 @@ class TenantScoped(viewsets.GenericViewSet):
         if access.has_platform_perm(request, self.platform_model):
             tenant = Tenant.objects.filter(slug=slug).first()
             if tenant is None:
-                access.resolve(request, slug, self.capability)  # the same 404 as elsewhere
+                raise Http404("No such tenant.")  # the same 404 as access.resolve's
             self.tenant, self.role = tenant, None
             return
         self.tenant, self.role = access.resolve(request, slug, self.capability)
@@ -78,7 +85,7 @@ class TenantScoped(viewsets.GenericViewSet):
             return None
         return list(self.visible_keys().values_list("id", flat=True))
 
-    def visible_keys(self) -> QuerySet[ApiKey]:
+    def visible_keys(self) -> ApiKeyQuerySet:
         keys = ApiKey.objects.filter(tenant=self.tenant)
         if not roles.can(self.role, "all_keys"):
             keys = keys.filter(created_by_id=self.request.user.pk or -1)

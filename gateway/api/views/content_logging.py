@@ -17,7 +17,8 @@ from tenants.content_logging import switch
 from tenants.models import ContentLoggingChange
 
 
-class ContentLoggingViewSet(TenantScoped):
+# Any: no model behind it; its serializer shapes the tenant's switch and its history.
+class ContentLoggingViewSet(TenantScoped[Any]):
     """The content-logging opt-in (owners) and who switched it when."""
 
     capability = "content_logging"
@@ -36,6 +37,8 @@ class ContentLoggingViewSet(TenantScoped):
     @extend_schema(request=s.ContentLoggingSerializer, responses=s.ContentLoggingSerializer)
     @action(detail=False, methods=["put"], url_path="set")
     def set_enabled(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        # The tenant's own owner decides: not support staff acting under a grant.
+        access.refuse_under_grant(request, self.tenant, "switch content logging")
         body = s.ContentLoggingSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         switch(self.tenant, body.validated_data["enabled"], access.user_for_audit(request),

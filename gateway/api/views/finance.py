@@ -6,7 +6,8 @@ from datetime import UTC
 from typing import Any
 
 from django.db.models import QuerySet
-from django.http import FileResponse, Http404, HttpResponse
+from django.http import FileResponse, Http404
+from django.http.response import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, viewsets
@@ -26,7 +27,8 @@ from metering.billing.downloads import XLSX_TYPE, report_response
 from metering.billing.models import AlertEvent, ExportJob, SpendAlert
 
 
-class ReportViewSet(TenantScoped):
+# Any: no model behind it; its serializer shapes a computed report.
+class ReportViewSet(TenantScoped[Any]):
     """Usage reports (JSON, CSV or XLSX) and monthly statements."""
 
     capability = "reports"
@@ -37,7 +39,7 @@ class ReportViewSet(TenantScoped):
                                OpenApiParameter("model", str),
                                FILE_PARAM],
                    responses={200: s.ReportSerializer})
-    def list(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponse:
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         return report_answer(request, self.tenant)
 
     @extend_schema(parameters=[OpenApiParameter("month", str, OpenApiParameter.PATH,
@@ -45,7 +47,8 @@ class ReportViewSet(TenantScoped):
                                FILE_PARAM],
                    responses={200: s.ReportSerializer})
     @action(detail=False, url_path=r"statements/(?P<month>\d{4}-\d{2})")
-    def statement(self, request: Request, *args: Any, month: str, **kwargs: Any) -> HttpResponse:
+    def statement(self, request: Request, *args: Any, month: str,
+                  **kwargs: Any) -> HttpResponseBase:
         year, number = (int(p) for p in month.split("-"))
         if not 1 <= number <= 12:
             raise ValidationError({"month": "month must be YYYY-MM."})
@@ -58,7 +61,7 @@ class ReportViewSet(TenantScoped):
 
 
 class ExportJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                       mixins.CreateModelMixin, TenantScoped):
+                       mixins.CreateModelMixin, TenantScoped[ExportJob]):
     """Background report exports: create, watch progress, download when done."""
 
     capability = "reports"
@@ -93,7 +96,7 @@ class ExportJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
                             filename=job.filename)
 
 
-class SpendAlertViewSet(viewsets.ModelViewSet, TenantScoped):
+class SpendAlertViewSet(viewsets.ModelViewSet[SpendAlert], TenantScoped[SpendAlert]):
     """Spend alerts of the tenant (owners and billing)."""
 
     capability = "alerts"
@@ -126,5 +129,8 @@ class SpendAlertViewSet(viewsets.ModelViewSet, TenantScoped):
     @action(detail=False)
     def events(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         events = AlertEvent.objects.filter(alert__tenant=self.tenant)
-        page = self.paginate_queryset(events)
-        return self.get_paginated_response(s.AlertEventSerializer(page, many=True).data)
+        # Not self.paginate_queryset: that is typed for this viewset's own model (alerts).
+        paginator = self.paginator
+        assert paginator is not None  # REST_FRAMEWORK sets a default pagination class
+        page = paginator.paginate_queryset(events, request, view=self)
+        return paginator.get_paginated_response(s.AlertEventSerializer(page, many=True).data)

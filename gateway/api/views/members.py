@@ -23,7 +23,8 @@ from tenants.models import Invitation, Membership, Quota
 
 
 class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                        mixins.UpdateModelMixin, mixins.DestroyModelMixin, TenantScoped):
+                        mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+                        TenantScoped[Membership]):
     """Members of the tenant (owners). People join by invitation (``invitations/``). The last
     owner cannot be removed or demoted."""
 
@@ -37,15 +38,18 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return Membership.objects.filter(tenant=self.tenant).select_related("user").order_by("id")
 
     def perform_update(self, serializer: Any) -> None:
+        access.refuse_under_grant(self.request, self.tenant, "change memberships")
         role = serializer.validated_data.get("role", serializer.instance.role)
         membership.change_role(serializer.instance, role)
 
     def perform_destroy(self, instance: Membership) -> None:
+        access.refuse_under_grant(self.request, self.tenant, "remove members")
         membership.remove(instance)
 
 
 class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                        mixins.CreateModelMixin, mixins.DestroyModelMixin, TenantScoped):
+                        mixins.CreateModelMixin, mixins.DestroyModelMixin,
+                        TenantScoped[Invitation]):
     """Pending invitations (owners). POST emails a single-use link; DELETE revokes."""
 
     capability = "members"
@@ -59,6 +63,7 @@ class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
 
     def perform_create(self, serializer: Any) -> None:
         request = self.request
+        access.refuse_under_grant(request, self.tenant, "invite members")
         data = serializer.validated_data
         serializer.instance = invitations.invite(
             self.tenant, data["email"], data.get("role", Membership.Role.MEMBER),
@@ -70,7 +75,7 @@ class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         invitations.revoke(instance)
 
 
-class QuotaViewSet(viewsets.ModelViewSet, TenantScoped):
+class QuotaViewSet(viewsets.ModelViewSet[Quota], TenantScoped[Quota]):
     """The tenant's quota rows (read by members; written by platform admins) and, at
     .../effective/, the limits that apply per model after defaults and overrides."""
 

@@ -15,7 +15,7 @@ from tenants.models import ManagementToken
 
 
 class ManagementTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
-                             mixins.DestroyModelMixin, TenantScoped):
+                             mixins.DestroyModelMixin, TenantScoped[ManagementToken]):
     """Management tokens. DELETE revokes."""
 
     capability = "tokens"

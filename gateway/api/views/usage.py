@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins
 from rest_framework.pagination import CursorPagination
 
@@ -24,8 +24,9 @@ class RollupPagination(UsagePagination):
     ordering = ("-hour", "-id")
 
 
-@extend_schema_view(list=extend_schema(parameters=USAGE_PARAMS))
-class UsageRecordViewSet(mixins.ListModelMixin, TenantScoped):
+@extend_schema_view(list=extend_schema(parameters=[
+    *USAGE_PARAMS, OpenApiParameter("end_user", str, description="One end user's requests.")]))
+class UsageRecordViewSet(mixins.ListModelMixin, TenantScoped[UsageRecord]):
     """Raw usage records (one per request), newest first, cursor-paginated."""
 
     capability = "usage"
@@ -37,13 +38,15 @@ class UsageRecordViewSet(mixins.ListModelMixin, TenantScoped):
             return UsageRecord.objects.none()
         qs = filter_usage(UsageRecord.objects.filter(tenant=self.tenant), self.request,
                           "finished_at")
+        if end_user := self.request.query_params.get("end_user"):
+            qs = qs.filter(end_user=end_user)  # one end user's requests (issue 27)
         if (ids := self.own_key_ids()) is not None:
             qs = qs.filter(api_key_id__in=ids)
         return qs
 
 
 @extend_schema_view(list=extend_schema(parameters=USAGE_PARAMS))
-class UsageRollupViewSet(mixins.ListModelMixin, TenantScoped):
+class UsageRollupViewSet(mixins.ListModelMixin, TenantScoped[UsageRollup]):
     """Hourly rollups per key and model, newest hour first, cursor-paginated."""
 
     capability = "usage"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from django.contrib import messages
 from django.http import (
@@ -12,6 +13,7 @@ from django.http import (
     HttpResponse,
     JsonResponse,
 )
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -26,7 +28,7 @@ from tenants.models import Tenant
 
 
 @tenant_view("reports")
-def reports_page(request: TenantRequest) -> HttpResponse:
+def reports_page(request: TenantRequest) -> HttpResponseBase:
     tenant, now = request.tenant, timezone.now()
     initial = {"start": now.replace(day=1, hour=0, minute=0, second=0, microsecond=0),
                "end": reports.floor_hour(now) + timedelta(hours=1), "format": "csv"}
@@ -38,7 +40,8 @@ def reports_page(request: TenantRequest) -> HttpResponse:
                                                  "months": _recent_months(now)})
 
 
-def _download_or_queue(request: TenantRequest, tenant: Tenant, data: dict) -> HttpResponse:
+def _download_or_queue(request: TenantRequest, tenant: Tenant,
+                       data: dict[str, Any]) -> HttpResponseBase:
     group_by = reports.parse_group_by(data["group_by"] or ["model"])
     if exports.is_large(data["start"], data["end"], tenant):
         job = exports.queue_export(tenant=tenant, user=request.user, start=data["start"],
@@ -76,7 +79,7 @@ def export_status(request: TenantRequest, pk: int) -> HttpResponse:
 
 
 @tenant_view("reports")
-def export_download(request: TenantRequest, pk: int) -> HttpResponse:
+def export_download(request: TenantRequest, pk: int) -> HttpResponseBase:
     job = _job(request, pk)
     path = Path(job.file_path) if job.file_path else None
     if job.status != ExportJob.Status.DONE or path is None or not path.is_file():
@@ -85,7 +88,7 @@ def export_download(request: TenantRequest, pk: int) -> HttpResponse:
 
 
 @tenant_view("reports")
-def statement_page(request: TenantRequest) -> HttpResponse:
+def statement_page(request: TenantRequest) -> HttpResponseBase:
     tenant, now = request.tenant, timezone.now()
     asked = request.GET.get("month", "")
     try:

@@ -46,7 +46,7 @@ def index(request: HttpRequest) -> HttpResponse:
     # Someone who may make keys and has none yet starts on "Get started".
     keys = ApiKey.objects.filter(tenant=membership.tenant)
     if not roles.can(membership.role, "all_keys"):
-        keys = keys.filter(created_by=request.user)
+        keys = keys.filter(created_by_id=request.user.pk)
     if roles.can(membership.role, "keys") and not keys.exists():
         return redirect("portal:overview")
     return redirect("portal:usage" if roles.can(membership.role, "usage") else "portal:keys")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.contrib import messages
-from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
@@ -19,10 +18,10 @@ from gateway.portal.views.base import page, secret_page, secret_redirect, take_s
 from tenants import roles
 from tenants.catalog import models_for
 from tenants.keys import KeyNotRotatable, issue_key, rotate_key
-from tenants.models import ApiKey
+from tenants.models import ApiKey, ApiKeyQuerySet
 
 
-def visible_keys(request: TenantRequest) -> QuerySet[ApiKey]:
+def visible_keys(request: TenantRequest) -> ApiKeyQuerySet:
     keys = ApiKey.objects.filter(tenant=request.tenant)
     if not roles.can(request.role, "all_keys"):
         keys = keys.filter(created_by=request.user)
@@ -31,7 +30,7 @@ def visible_keys(request: TenantRequest) -> QuerySet[ApiKey]:
 
 @tenant_view("keys")
 def key_list(request: TenantRequest) -> HttpResponse:
-    keys = list(visible_keys(request).select_related("created_by")
+    keys = list(visible_keys(request).select_related("created_by", "project")
                 .prefetch_related("allowed_models"))
     now = timezone.now()
     month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
@@ -49,7 +48,8 @@ def key_create(request: TenantRequest) -> HttpResponse:
         data = form.cleaned_data
         key, plaintext = issue_key(
             request.tenant, data["name"], allowed_models=list(data["allowed_models"]),
-            expires_at=data["expires_at"], created_by=request.user, **form.caps(),
+            expires_at=data["expires_at"], created_by=request.user, project=data.get("project"),
+            **form.caps(),
         )
         return secret_redirect(request, "portal:key_created",
                                {"key_id": key.pk, "plaintext": plaintext})
@@ -59,13 +59,16 @@ def key_create(request: TenantRequest) -> HttpResponse:
 @tenant_view("keys")
 def key_created(request: TenantRequest) -> HttpResponse:
     """The one GET that shows a new key; a reload finds the session empty and says so."""
-    parked = take_secret(request)
-    key = visible_keys(request).filter(pk=(parked or {}).get("key_id")).first()
+    parked = take_secret(request) or {}
+    key_id: int | None = parked.get("key_id")
+    key = visible_keys(request).filter(pk=key_id).first() if key_id is not None else None
     if key is None:
         messages.info(request, "That key was shown once and is not shown again.")
         return redirect("portal:keys")
-    rotated = visible_keys(request).filter(pk=parked.get("rotated_id")).first()  # type: ignore[union-attr]
-    plaintext: str = parked["plaintext"]  # type: ignore[index]
+    rotated_id: int | None = parked.get("rotated_id")
+    rotated = visible_keys(request).filter(pk=rotated_id).first() \
+        if rotated_id is not None else None
+    plaintext: str = parked["plaintext"]
     allowed = list(key.allowed_models.all()) or list(models_for(request.tenant)[:1])
     example = allowed[0].name if allowed else "MODEL"
     return secret_page(request, "portal/key_created.html", {
@@ -107,3 +110,14 @@ def key_rotate(request: TenantRequest, pk: int) -> HttpResponse:
         return secret_redirect(request, "portal:key_created",
                                {"key_id": new.pk, "plaintext": plaintext, "rotated_id": old.pk})
     return page(request, "portal/key_rotate.html", {"key": old, "form": form})
+
+
+@tenant_view("keys")
+def key_resume(request: TenantRequest, pk: int) -> HttpResponse:
+    """POST: lift a spend alert's hard cap from a key that is over budget (owners only)."""
+    key = get_object_or_404(visible_keys(request), pk=pk)
+    if request.method != "POST" or not roles.can(request.role, "all_keys"):
+        return HttpResponse("Only an owner resumes a key that is over budget.", status=403)
+    if key.resume():
+        messages.success(request, f"{key.name} is resumed: its requests are admitted again.")
+    return redirect("portal:keys")

@@ -40,8 +40,9 @@ def tokens_page(request: TenantRequest) -> HttpResponse:
 def token_created(request: TenantRequest) -> HttpResponse:
     """The one GET that shows a new token; a reload finds the session empty and says so."""
     parked = take_secret(request) or {}
-    token = ManagementToken.objects.filter(tenant=request.tenant,
-                                           pk=parked.get("token_id")).first()
+    token_id: int | None = parked.get("token_id")
+    token = ManagementToken.objects.filter(tenant=request.tenant, pk=token_id).first() \
+        if token_id is not None else None
     if token is None:
         messages.info(request, "That token was shown once and is not shown again.")
         return redirect("portal:tokens")

@@ -9,6 +9,7 @@ from decimal import Decimal
 from django.db.models import Sum
 from django.db.models.functions import TruncHour
 from django.http import HttpResponse
+from django.http.response import HttpResponseBase
 from django.utils import timezone
 
 from gateway.portal import usage, usage_range
@@ -38,7 +39,7 @@ def _choice(request: TenantRequest, name: str, allowed: tuple[str, ...]) -> str:
 
 
 @tenant_view("usage")
-def usage_page(request: TenantRequest) -> HttpResponse:
+def usage_page(request: TenantRequest) -> HttpResponseBase:
     tenant, now = request.tenant, timezone.now()
     chosen = usage_range.parse(request.GET, now)
     span, start, end = chosen.preset, chosen.start, chosen.end
@@ -93,7 +94,7 @@ def _charts(data: usage.Series, grain: str) -> list[dict[str, object]]:
 
 
 def _export(request: TenantRequest, chosen: usage_range.UsageRange,
-            key_ids: list[int] | None) -> HttpResponse:
+            key_ids: list[int] | None) -> HttpResponseBase:
     report = reports.build_report(chosen.start, chosen.end, tenant=request.tenant,
                                   group_by=("key", "model"), api_key_ids=key_ids)
     name = f"usage-{request.tenant.slug}-{chosen.first_day:%Y%m%d}-{chosen.last_day:%Y%m%d}"
@@ -112,7 +113,7 @@ def _range_totals(data: usage.Series) -> dict[str, object]:
 
 def _alert_progress(alerts: Iterable[SpendAlert],
                     mtd: usage.MonthToDate) -> list[dict[str, object]]:
-    rows = []
+    rows: list[dict[str, object]] = []
     for alert in alerts:
         if alert.api_key_id:
             continue  # the month-to-date figures are tenant-wide

@@ -1,10 +1,11 @@
 """Idempotent demo set-up for the embedded quick start.
 
 Ensures: a ``standard`` tier, the ``sim-small`` model on the built-in simulated tokenizer, a
-``sim-local`` pool on the simulated backend, a ``demo`` tenant with a default quota, and an
-``admin`` superuser. Secrets are printed only when they are created: the admin password when the
-user is new and GATEWAY_ADMIN_PASSWORD is not set, and a demo key only when the demo tenant has
-no usable key. Running it again changes nothing and prints no secret.
+``sim-local`` pool on the simulated backend, the ``sim-embed`` embedding model on a
+``sim-embed-local`` pool (so ``/v1/embeddings`` works at once), a ``demo`` tenant with a
+default quota, and an ``admin`` superuser. Secrets are printed only when they are created:
+the admin password when the user is new and GATEWAY_ADMIN_PASSWORD is not set, and a demo key
+only when the demo tenant has no usable key. Running it again changes nothing and prints no secret.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from tenants.demo import DEMO_MODEL, try_it
+from tenants.demo import DEMO_EMBED_MODEL, DEMO_MODEL, try_it
 from tenants.keys import issue_key
 from tenants.models import ApiKey, Pool, Quota, ServedModel, Tenant, Tier
 
 DEMO_POOL = "sim-local"
+DEMO_EMBED_POOL = "sim-embed-local"
 DEMO_TENANT = "demo"
 ADMIN_USER = "admin"
 
@@ -50,8 +52,9 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"The demo key was shown when it was made; for another: "
                               f".venv/bin/python manage.py issue_key {DEMO_TENANT} --name demo")
-        self.stdout.write(f"Demo ready: tenant '{DEMO_TENANT}', model '{DEMO_MODEL}', "
-                          f"pool '{DEMO_POOL}'.")
+        self.stdout.write(f"Demo ready: tenant '{DEMO_TENANT}', model '{DEMO_MODEL}' "
+                          f"(pool '{DEMO_POOL}'), embedding model '{DEMO_EMBED_MODEL}' "
+                          f"(pool '{DEMO_EMBED_POOL}').")
 
     def _model(self) -> ServedModel:
         model, _ = ServedModel.objects.get_or_create(
@@ -60,6 +63,14 @@ class Command(BaseCommand):
         )
         Pool.objects.get_or_create(
             name=DEMO_POOL, defaults={"model": model, "backend": Pool.Backend.SIMULATED}
+        )
+        embed, _ = ServedModel.objects.get_or_create(
+            name=DEMO_EMBED_MODEL, defaults={"engine_model_id": DEMO_EMBED_MODEL,
+                                             "tokenizer_path": "", "max_model_len": 8192,
+                                             "task": "embed"},
+        )
+        Pool.objects.get_or_create(
+            name=DEMO_EMBED_POOL, defaults={"model": embed, "backend": Pool.Backend.SIMULATED}
         )
         return model
 

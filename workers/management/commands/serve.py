@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
+import logging
 import math
 import os
 import signal
@@ -32,13 +35,18 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, close_old_connections
 
 from infra import embedded_redis
-from infra.redis_conn import get_redis, pool_key, redis_url
+from infra.pool_workers import workers_key
+from infra.redis_conn import get_redis, redis_url
+from infra.uvicorn_command import uvicorn_argv
 from tenants import serve_status
 from tenants.demo import try_it
 from tenants.models import Pool
 from workers.supervisor import Child, ChildSpec, State, Supervisor
+
+log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 60.0
 HOUSEKEEPING_STOP_S = 15.0
@@ -93,14 +101,16 @@ class Command(BaseCommand):
     def _run(self, url: str, redis_spec: ChildSpec | None, options: dict[str, Any],
              cleanup: contextlib.ExitStack) -> None:
         env = {**os.environ, "REDIS_URL": url, "PYTHONUNBUFFERED": "1"}
-        pools = list(Pool.objects.filter(enabled=True).order_by("name")
-                     .values_list("name", flat=True))
+        self.env = env
+        self.pools = PoolWatch()
+        self.pools.started = self.pools.read()
+        pools = sorted(self.pools.started)
         if options["startup_timeout"] is None:  # a vllm pool's worker loads a model first
             real = Pool.objects.filter(enabled=True, backend="vllm").exists()
             options["startup_timeout"] = VLLM_STARTUP_TIMEOUT_S if real else STARTUP_TIMEOUT_S
         specs = ([redis_spec] if redis_spec else []) + self._specs(env, pools, options)
         self.sup = Supervisor(specs, listener=self._on_event)
-        cleanup.callback(self._stop_all, pools)
+        cleanup.callback(self._stop_all)
         if redis_spec is not None:
             self._start_redis(url)
             if self.stop_signal:
@@ -120,9 +130,41 @@ class Command(BaseCommand):
             f"running sequences first, for at most {settings.WORKER_DRAIN_SECONDS:g} s).\n"
             + try_it(base) + "\n(export IGW_KEY=the demo key printed above, or a new one "
             "from `.venv/bin/python manage.py issue_key demo --name mine`)"))
+        next_look = 0.0
         while not self.stop_signal:
             self.sup.poll()
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + settings.SERVE_POOL_POLL_SECONDS
+                self._reconcile()
             time.sleep(0.1)
+
+    def _reconcile(self) -> None:
+        """Start, stop and restart pool workers to match the pool table (issue 28).
+
+        A pool added or re-enabled gets its worker; a disabled or deleted one's worker drains
+        and stops (``Supervisor.retire``); a pool whose configuration changed is retired and,
+        once its old worker has exited, started again with the new one.
+        """
+        try:
+            wanted = self.pools.read()
+        except DatabaseError:  # the table is unreadable: keep what runs, look again later
+            log.warning("serve: pool table unreadable; pool workers left as they are")
+            close_old_connections()
+            return
+        running = {p: fp for p, fp in self.pools.started.items()
+                   if worker_name(p) in self.sup.children}
+        for pool, fp in running.items():
+            child = self.sup.children[worker_name(pool)]
+            if child.state is not State.RETIRING and wanted.get(pool) != fp:
+                why = "disabled" if pool not in wanted else "changed"
+                self.stderr.write(f"serve: pool {pool} {why}; stopping its worker")
+                self.sup.retire(worker_name(pool))
+                self.pools.started.pop(pool)
+        for pool, fp in wanted.items():
+            if pool not in self.pools.started and worker_name(pool) not in self.sup.children:
+                self.stderr.write(f"serve: starting the worker of pool {pool}")
+                self.sup.add(worker_spec(self.env, pool))
+                self.pools.started[pool] = fp
 
     def _specs(self, env: dict[str, str], pools: list[str],
                options: dict[str, Any]) -> list[ChildSpec]:
@@ -131,23 +173,12 @@ class Command(BaseCommand):
         grace = math.ceil(settings.GATEWAY_SHUTDOWN_SECONDS)
         specs = [ChildSpec(
             "gateway",
-            [py, "-m", "uvicorn", "gateway.asgi:application", "--host", host, "--port", str(port),
-             # Deadline on request headers (slow-loris), and open streams ended at shutdown:
-             # gateway/httpproto.py.
-             "--http", "gateway.httpproto:BoundedHttpToolsProtocol",
-             # scope["client"] stays the TCP peer; infra.clientaddr reads forwarded headers.
-             "--no-proxy-headers",
-             "--timeout-graceful-shutdown", str(grace),
-             *performance_options(options["gateway_processes"])],
+            # The fixed options (--no-proxy-headers, the bounded protocol): infra.uvicorn_command.
+            uvicorn_argv(py, ["--host", host, "--port", str(port),
+                              "--timeout-graceful-shutdown", str(grace),
+                              *performance_options(options["gateway_processes"])]),
             env=env, stop_timeout_s=grace + 5.0, ready=lambda _pid: _listening(host, port))]
-        for pool in pools:
-            specs.append(ChildSpec(
-                worker_name(pool),
-                [py, "-m", "celery", "-A", "gateway", "worker", "--engine-pool", pool,
-                 "-P", "solo", "-c", "1", "-n", f"{pool}@%h", "-l", level,
-                 "--without-mingle", "--without-gossip"],
-                env=env, stop_timeout_s=settings.WORKER_DRAIN_SECONDS + 15.0,
-                ready=_registered(pool)))
+        specs += [worker_spec(env, pool) for pool in pools]
         # Spend-alert webhooks on their own queue and threads: a slow receiver waits there, never
         # in the workers that run the engines and the back-office tasks.
         specs.append(ChildSpec(
@@ -229,7 +260,8 @@ class Command(BaseCommand):
                             output=child.output(12) if child.last_exit else "",
                             restarts=max(0, child.starts - 1))
 
-    def _stop_all(self, pools: list[str]) -> None:
+    def _stop_all(self) -> None:
+        pools = [p for n in self.sup.children if (p := pool_of(n)) is not None]
         if self.stop_signal:
             self.stderr.write(f"{signal.Signals(self.stop_signal).name}: stopping everything "
                               "(press Ctrl-C again to kill it all at once)")
@@ -240,6 +272,34 @@ class Command(BaseCommand):
             ["redis"],
         ])
         self.stderr.write("serve: every child has stopped")
+
+
+class PoolWatch:
+    """The enabled pools and a fingerprint of what their worker reads at start-up."""
+
+    FIELDS = ("backend", "backend_settings", "max_sequences", "kv_cache_tokens",
+              "kv_overcommit", "model__name", "model__max_model_len", "model__tokenizer_path",
+              "model__task", "dedicated_to_id", "region", "cell")
+
+    def __init__(self) -> None:
+        self.started: dict[str, str] = {}  # pool -> fingerprint its running worker started with
+
+    def read(self) -> dict[str, str]:
+        close_old_connections()
+        rows = Pool.objects.filter(enabled=True).values("name", *self.FIELDS)
+        return {row["name"]: hashlib.sha256(json.dumps(
+            [row[f] for f in self.FIELDS], sort_keys=True, default=str).encode()).hexdigest()
+            for row in rows}
+
+
+def worker_spec(env: dict[str, str], pool: str) -> ChildSpec:
+    """The Celery worker hosting ``pool``'s engine."""
+    return ChildSpec(
+        worker_name(pool),
+        [sys.executable, "-m", "celery", "-A", "gateway", "worker", "--engine-pool", pool,
+         "-P", "solo", "-c", "1", "-n", f"{pool}@%h", "-l", settings.LOG_LEVEL.lower(),
+         "--without-mingle", "--without-gossip"],
+        env=env, stop_timeout_s=settings.WORKER_DRAIN_SECONDS + 15.0, ready=_registered(pool))
 
 
 def worker_name(pool: str) -> str:
@@ -260,7 +320,7 @@ def _registered(pool: str) -> Callable[[int], bool]:
     """This process's engine host is in the pool's heartbeat set (ids embed the pid)."""
     def check(pid: int) -> bool:
         marker = f"-{pid}-"
-        members: list[bytes] = get_redis().zrange(pool_key("workers", pool), 0, -1)  # type: ignore[assignment]
+        members: list[bytes] = get_redis().zrange(workers_key(pool), 0, -1)  # type: ignore[assignment]
         return any(marker in m.decode() for m in members)
 
     return check

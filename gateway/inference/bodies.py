@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.inference.requests import Kind
+from serving.submission import UsageInfo
 
 _escape = json.encoder.encode_basestring_ascii  # the C escaper json.dumps uses for a str
 
@@ -124,11 +126,18 @@ class ChunkTemplate:
         return self._head + b',"choices":[],"usage":' + body + b"}"
 
 
-def models_body(names: list[str], created: Mapping[str, int], owner: str) -> dict[str, object]:
-    return {
-        "object": "list",
-        "data": [
-            {"id": name, "object": "model", "created": created.get(name, 0), "owned_by": owner}
-            for name in names
-        ],
-    }
+def model_entries(names: list[str], created: Mapping[str, int],
+                  owner: str) -> list[dict[str, object]]:
+    """The /v1/models entries; the listing is ``{"object": "list", "data": entries}``."""
+    return [{"id": name, "object": "model", "created": created.get(name, 0), "owned_by": owner}
+            for name in names]
+
+
+def dumps(data: Any) -> bytes:
+    """A body as compact JSON bytes."""
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def usage_counts(usage: UsageInfo) -> UsageCounts:
+    """The serving core's usage as the counts a response reports."""
+    return UsageCounts(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)

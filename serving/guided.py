@@ -23,42 +23,93 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from serving.schema_limits import SchemaError as SchemaError
+from serving.schema_limits import check_bounds
+
 MAX_DEPTH = 12  # nesting beyond this (recursive $refs) ends in the shortest valid value
 OPTIONAL_PROPERTY_CHANCE = 0.5
 _UNSUPPORTED = ("pattern", "patternProperties", "not", "if", "dependentSchemas")
 
 
-class SchemaError(ValueError):
-    """The schema uses something the sampler cannot satisfy, or is not a schema."""
+def check_schema(schema: Any, *, engine: bool = True) -> None:
+    """Raise SchemaError when the schema is out of bounds (``schema_limits``), has a keyword
+    value no validator could honour (``minimum: "a"``, ``minItems`` above ``maxItems``), or,
+    with ``engine``, uses a keyword ``sample_json`` cannot honour. Linear in the schema's size:
+    each object is checked once however many paths or $refs reach it."""
+    check_bounds(schema)
+    _Walk(schema, engine).run()
 
 
-def check_schema(schema: Any) -> None:
-    """Raise SchemaError when ``sample_json`` could not honour the schema."""
-    _walk(schema, schema, 0, set())
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
+_NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
 
 
-def _walk(node: Any, root: Any, depth: int, seen: set[str]) -> None:
-    if isinstance(node, bool):
-        return
-    if not isinstance(node, dict):
-        raise SchemaError("a schema must be an object")
-    for word in _UNSUPPORTED:
-        if word in node:
-            raise SchemaError(f"the JSON schema keyword '{word}' is not supported")
-    ref = node.get("$ref")
-    if isinstance(ref, str):
-        if ref not in seen:
-            _walk(_resolve(root, ref), root, depth, seen | {ref})
-        return
-    for key in ("properties", "$defs", "definitions"):
-        for child in (node.get(key) or {}).values():
-            _walk(child, root, depth + 1, seen)
-    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
-        for child in node.get(key) or ():
-            _walk(child, root, depth + 1, seen)
-    for key in ("items", "additionalProperties"):
-        if isinstance(node.get(key), dict):
-            _walk(node[key], root, depth + 1, seen)
+class _Walk:
+    def __init__(self, root: Any, engine: bool) -> None:
+        self.root = root
+        self.engine = engine
+        self.done: set[int] = set()  # objects already checked, by identity (memo and cycles)
+
+    def run(self) -> None:
+        stack: list[Any] = [self.root]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, bool) or id(node) in self.done:
+                continue
+            if not isinstance(node, dict):
+                raise SchemaError("a schema must be an object")
+            self.done.add(id(node))
+            self.check_node(node)
+            stack.extend(self.children(node))
+
+    def check_node(self, node: dict[str, Any]) -> None:
+        if self.engine:
+            for word in _UNSUPPORTED:
+                if word in node:
+                    raise SchemaError(f"the JSON schema keyword '{word}' is not supported")
+        for word in _COUNTS:
+            value = node.get(word)
+            if word in node and (type(value) is not int or value < 0):
+                raise SchemaError(f"'{word}' must be a non-negative integer")
+        for word in _NUMBERS:
+            value = node.get(word)
+            if word in node and (type(value) not in (int, float) or value != value
+                                 or value in (float("inf"), float("-inf"))):
+                raise SchemaError(f"'{word}' must be a number")
+        for low, high in (("minItems", "maxItems"), ("minLength", "maxLength"),
+                          ("minProperties", "maxProperties"), ("minimum", "maximum")):
+            if low in node and high in node and node[low] > node[high]:
+                raise SchemaError(f"the schema's {low} is above its {high}")
+        kind = node.get("type")
+        kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+        if not all(isinstance(k, str) and k in _TYPES for k in kinds):
+            raise SchemaError(f"unknown JSON schema type {kind!r}")
+        if "enum" in node and (not isinstance(node["enum"], list) or not node["enum"]):
+            raise SchemaError("'enum' must be a non-empty array")
+        required = node.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError("'required' must be an array of property names")
+
+    def children(self, node: dict[str, Any]) -> list[Any]:
+        out: list[Any] = []
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            out.append(_resolve(self.root, ref))
+        for key in ("properties", "$defs", "definitions"):
+            group = node.get(key)
+            if group is not None and not isinstance(group, dict):
+                raise SchemaError(f"'{key}' must be an object")
+            out.extend((group or {}).values())
+        for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+            group = node.get(key)
+            if group is not None and not isinstance(group, list):
+                raise SchemaError(f"'{key}' must be an array")
+            out.extend(group or ())
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                out.append(node[key])
+        return out
 
 
 def _resolve(root: Any, ref: str) -> Any:
@@ -74,14 +125,33 @@ def _resolve(root: Any, ref: str) -> Any:
 
 
 class JsonSampler:
-    """Draws one JSON value for a schema; ``words`` supplies string content."""
+    """Draws one JSON value for a schema; ``words`` supplies string content.
 
-    def __init__(self, rng: random.Random, words: list[str], root: Any) -> None:
+    ``budget`` bounds the work (about one unit per character of output and per value): past
+    it, arrays and objects stop growing and strings stop lengthening, and ``exhausted`` is
+    set. The caller asks for a budget that covers the tokens it will emit (``max_tokens``), so
+    a ``minItems: 600000`` costs what the client pays for, and the prefix it sees is the prefix
+    of the document the schema describes (the same random draws, in the same order).
+    """
+
+    def __init__(self, rng: random.Random, words: list[str], root: Any,
+                 budget: int | None = None) -> None:
         self.rng = rng
         self.words = words or ["value"]
         self.root = root
+        self.budget = budget
+        self.spent = 0
+        self.exhausted = False
+
+    def _spend(self, units: int) -> bool:
+        """Count ``units`` of work; False once the budget is spent."""
+        self.spent += units
+        if self.budget is not None and self.spent > self.budget:
+            self.exhausted = True
+        return not self.exhausted
 
     def value(self, schema: Any, depth: int = 0) -> Any:
+        self._spend(2)
         if schema is True or schema == {} or schema is None:
             return self._any(depth)
         if schema is False:
@@ -122,6 +192,8 @@ class JsonSampler:
         required = set(schema.get("required") or ())
         out: dict[str, Any] = {}
         for name, sub in props.items():
+            if not self._spend(len(name) + 4):
+                break
             optional_kept = depth < MAX_DEPTH and self.rng.random() < OPTIONAL_PROPERTY_CHANCE
             if name in required or optional_kept:
                 out[name] = self.value(sub, depth + 1)
@@ -141,8 +213,12 @@ class JsonSampler:
                                                                  min(high, low + 3))
         count = max(count, min(len(prefix), high))
         items = schema.get("items", {})
-        return [self.value(prefix[i] if i < len(prefix) else items, depth + 1)
-                for i in range(count)]
+        out: list[Any] = []
+        for i in range(count):
+            if not self._spend(2):
+                break
+            out.append(self.value(prefix[i] if i < len(prefix) else items, depth + 1))
+        return out
 
     def _string(self, schema: dict[str, Any], depth: int) -> str:
         fmt = schema.get("format")
@@ -152,8 +228,12 @@ class JsonSampler:
         high = int(schema.get("maxLength", 60))
         words = [self.rng.choice(self.words) for _ in range(self.rng.randint(1, 4))]
         text = " ".join(words)[:high]
-        while len(text) < low:
-            text += " " + self.rng.choice(self.words)
+        parts, length = [text], len(text)
+        while length < low and self._spend(len(parts[-1]) + 1):
+            parts.append(self.rng.choice(self.words))
+            length += 1 + len(parts[-1])
+        self._spend(len(parts[0]))
+        text = " ".join(parts)
         return text[:high] if high >= low else text
 
     def _integer(self, schema: dict[str, Any], depth: int) -> int:
@@ -214,12 +294,23 @@ _FORMATS: dict[str, Callable[[random.Random], str]] = {
 }
 
 
-def sample_json(schema: Any, rng: random.Random, words: list[str]) -> str:
-    """One schema-valid JSON document as compact text (``None`` schema: any JSON object)."""
+DEFAULT_BUDGET = 65_536  # work units when the caller names none (a tool call's arguments)
+
+
+def sample_json(schema: Any, rng: random.Random, words: list[str],
+                budget: int = DEFAULT_BUDGET) -> str:
+    """One schema-valid JSON document as compact text (``None`` schema: any JSON object); past
+    ``budget`` (see ``JsonSampler``) a prefix-faithful but shortened one."""
+    return sample_json_bounded(schema, rng, words, budget)[0]
+
+
+def sample_json_bounded(schema: Any, rng: random.Random, words: list[str],
+                        budget: int) -> tuple[str, bool]:
+    """``sample_json`` and whether the budget cut the document short."""
     if schema is None:
         schema = {"type": "object"}
-    sampler = JsonSampler(rng, words, schema)
+    sampler = JsonSampler(rng, words, schema, budget)
     value = sampler.value(schema)
     if schema == {"type": "object"} and not value:
         value = {"answer": sampler.value({"type": "string"}, 1)}
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": ")), sampler.exhausted

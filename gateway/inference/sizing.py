@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
+from gateway.inference import tokenize_pool
 from gateway.inference.errors import ApiError, context_length_exceeded, invalid_request
 from gateway.inference.pools import ModelInfo
 from gateway.inference.requests import InferenceRequest
+from serving.prompt_encoding import PromptRefused, encode_prompt, max_token_chars
 from tenants.limits import Limits
-from workers.tokenization import ChatTemplateError, load_tokenizer
 
-# Above this many characters, tokenizing moves off the event loop so one big prompt does not
-# stall every other stream this process is relaying.
+# Above this many characters, tokenizing moves to a process pool (``tokenize_pool``) so one big
+# prompt does not stall every other stream this process is relaying.
 INLINE_TOKENIZE_CHARS = 20_000
+# How much longer than its longest token the rendered text of a prompt may be per token: the
+# text size counted before rendering is close to, not exactly, what the template renders.
+SIZE_SLACK = 2
 
 
 @dataclass(frozen=True)
@@ -29,37 +34,49 @@ class Sized:
     context_limit: int
 
 
+def _args(req: InferenceRequest, model: ModelInfo) -> tuple[Any, ...]:
+    return (req.kind, list(req.messages), list(req.tools), req.prompt, model.tokenizer_path)
+
+
+def _refused(exc: PromptRefused) -> ApiError:
+    return invalid_request(exc.message, param=exc.param, code="invalid_value")
+
+
 def _encode(req: InferenceRequest, model: ModelInfo) -> list[int]:
-    tokenizer = load_tokenizer(model.tokenizer_path)
-    if req.kind == "chat":
-        try:
-            # Tool definitions are rendered into the prompt by the template, so they are
-            # counted and charged as the prompt tokens they are.
-            return tokenizer.apply_chat_template(list(req.messages), tools=list(req.tools))
-        except (ChatTemplateError, TypeError) as exc:
-            raise invalid_request(f"The messages do not fit this model's chat template: {exc}",
-                                  param="messages", code="invalid_value") from None
-    if isinstance(req.prompt, tuple):
-        vocab = getattr(tokenizer, "vocab_size", None)
-        if vocab is not None and any(t >= vocab for t in req.prompt):
-            raise invalid_request(f"Token ids must be below the vocabulary size ({vocab}).",
-                                  param="prompt", code="invalid_value")
-        return list(req.prompt)
-    return tokenizer.encode(req.prompt)
+    try:
+        return encode_prompt(*_args(req, model))
+    except PromptRefused as exc:
+        raise _refused(exc) from None
 
 
 _loaded: set[str | None] = set()
 
 
+def size_cap(model: ModelInfo) -> int:
+    """Characters of prompt text beyond which no prompt can fit the model's window."""
+    return model.max_model_len * max_token_chars(model.tokenizer_path) * SIZE_SLACK
+
+
 async def tokenize(req: InferenceRequest, model: ModelInfo) -> list[int]:
-    size = req.text_size
-    if size > INLINE_TOKENIZE_CHARS or model.tokenizer_path not in _loaded:
-        # Big prompts, and the first use of a tokenizer (loading it reads and indexes its
-        # files), run in a thread.
-        ids = await asyncio.to_thread(_encode, req, model)
+    """Prompt ids: refused by size before any tokenizing when the text cannot fit the model's
+    window (``size_cap``), tokenized inline when small, in a process pool when big."""
+    if model.tokenizer_path not in _loaded:
+        # The first use of a tokenizer (loading it reads and indexes its files) runs in a
+        # thread; its longest token is measured once with it.
+        await asyncio.to_thread(max_token_chars, model.tokenizer_path)
         _loaded.add(model.tokenizer_path)
-        return ids
-    return _encode(req, model)
+    size, cap = req.text_size, size_cap(model)
+    if size > cap:
+        param = "messages" if req.kind == "chat" else "prompt"
+        raise ApiError(400, f"The prompt is too long: {size} characters cannot fit this "
+                       f"model's context window of {model.max_model_len} tokens (at most "
+                       f"{cap} characters).", param=param, code="prompt_too_large")
+    if size <= INLINE_TOKENIZE_CHARS:
+        return _encode(req, model)
+    try:
+        return await tokenize_pool.encode(*_args(req, model))
+    except PromptRefused as exc:
+        raise _refused(exc) from None
 
 
 def size_request(req: InferenceRequest, prompt_ids: list[int], model: ModelInfo,

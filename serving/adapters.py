@@ -112,6 +112,15 @@ class AdapterCatalog:
         return salt
 
     @classmethod
+    def of_pool(cls, name: str, backend: str, backend_settings: dict[str, Any]) -> AdapterCatalog:
+        """A pool's adapters, from its backend settings (the gateway resolves names with it, the
+        engine loads them); ``AdapterConfigError`` says what is wrong with the settings."""
+        lora = backend_settings.get("lora") or {}
+        if lora.get("adapters") and not lora.get("enabled", backend == "openai_upstream"):
+            raise AdapterConfigError("adapters are listed but lora.enabled is off")
+        return cls.from_settings(lora)
+
+    @classmethod
     def from_settings(
         cls, lora: dict[str, Any] | None, salt_of: Callable[[int], str] = _default_salt
     ) -> AdapterCatalog:

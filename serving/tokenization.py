@@ -2,7 +2,7 @@
 
 Admission counts tokens with the engine's own tokenizer (the design's "tokenizer mismatch"
 failure mode), so the gateway and every engine load tokenizers here, through one code path:
-the simulated model's directory (``workers/assets/sim-model``, built by
+the simulated model's directory (``serving/assets/sim-model``, built by
 ``scripts/build_sim_tokenizer.py``) is laid out like a real model's, and a real model directory
 loads the same way.
 """
@@ -29,7 +29,7 @@ class ChatTemplateError(ValueError):
 
 def sim_model_dir() -> Path:
     """The built-in simulated model directory, from the installed package's data."""
-    return Path(str(resources.files("workers").joinpath(SIM_MODEL_DIR)))
+    return Path(str(resources.files("serving").joinpath(SIM_MODEL_DIR)))
 
 
 def load_tokenizer(path: str | None = None) -> HFTokenizer:
@@ -59,11 +59,18 @@ def _chat_template(root: Path, config: dict[str, Any]) -> str | None:
     return template
 
 
+def developer_role_of(chat_template: str | None) -> str:
+    """The role a model's template gives OpenAI's ``developer`` messages: ``developer`` when the
+    template names that role (it renders it itself), else ``system``. Read from the template,
+    so every model, the simulated one included, maps by what its own template supports."""
+    return "developer" if chat_template and "developer" in chat_template else "system"
+
+
 def _token_text(value: Any) -> str | None:
     # tokenizer_config.json stores special tokens as strings or as AddedToken dicts.
     if isinstance(value, dict):
-        return value.get("content")
-    return value
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def _raise_exception(message: str) -> None:
@@ -101,6 +108,7 @@ class HFTokenizer:
             tid for tid, tok in tokenizer.get_added_tokens_decoder().items() if tok.special
         )
         self._template = self._compile(chat_template) if chat_template else None
+        self.developer_role = developer_role_of(chat_template)
         self.token_bytes = self._token_bytes()
 
     def _id_of(self, token: str | None) -> int | None:
@@ -139,6 +147,10 @@ class HFTokenizer:
             out.append(bytes(table[c] for c in piece))
         return tuple(out)
 
+    def vocab_pieces(self) -> list[str]:
+        """Every token's spelling in the vocabulary, added tokens included."""
+        return list(self._tok.get_vocab(with_added_tokens=True))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without BOS/EOS (what admission counts for a prompt)."""
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -171,7 +183,16 @@ class HFTokenizer:
     ) -> list[int]:
         """Prompt ids for a chat, ending with the assistant's generation prompt."""
         # The template writes BOS itself, so no special tokens are added on top (as in HF).
-        return self.encode(self.render_chat(messages, add_generation_prompt, tools))
+        return self.encode(self.render_chat(self.map_roles(messages), add_generation_prompt,
+                                            tools))
+
+    def map_roles(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """OpenAI's ``developer`` role as this model's template knows it: kept where the
+        template names it, else sent as ``system`` (what vLLM and OpenAI do for such models)."""
+        if self.developer_role == "developer":
+            return messages
+        return [{**m, "role": "system"} if m.get("role") == "developer" else m
+                for m in messages]
 
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self)

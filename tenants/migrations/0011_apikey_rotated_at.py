@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenants', '0007_cells'),
+        ('tenants', '0010_response_cache_opt_in'),
     ]
 
     operations = [
