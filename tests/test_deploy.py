@@ -225,6 +225,7 @@ def test_entrypoint_rejects_a_worker_without_a_pool() -> None:
     assert done.returncode != 0 and "pool" in done.stderr
 
 
+@pytest.mark.integration
 def test_the_image_starts_uvicorn_with_the_one_command_line(tmp_path: Path) -> None:
     """Review 3: the entrypoint lacked --no-proxy-headers. The command line is built in one place
     (infra.uvicorn_command) and the entrypoint's gateway role goes through it."""

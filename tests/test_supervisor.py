@@ -236,6 +236,7 @@ def test_hurry_kills_what_is_left_without_waiting_out_the_timeouts(sink) -> None
     assert time.monotonic() - started < 5 and gone(pid)
 
 
+@pytest.mark.integration
 def test_a_child_added_while_others_run_starts_and_a_retired_one_goes_for_good(sink) -> None:
     """What serve does when a pool is added, disabled or changed: the others never stop."""
     rec = Recorder()
@@ -260,6 +261,7 @@ def test_a_child_added_while_others_run_starts_and_a_retired_one_goes_for_good(s
     assert gone(a) and again.pid is not None and gone(again.pid)
 
 
+@pytest.mark.integration
 def test_a_retired_child_that_ignores_its_signal_is_killed_after_its_timeout(sink) -> None:
     stubborn = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
                 " print('up', flush=True); time.sleep(600)"]
@@ -275,6 +277,7 @@ def test_a_retired_child_that_ignores_its_signal_is_killed_after_its_timeout(sin
     assert 0.4 < time.monotonic() - started < 5 and pid is not None and gone(pid)
 
 
+@pytest.mark.integration
 def test_a_child_between_restarts_is_retired_at_once(sink) -> None:
     sup = Supervisor([ChildSpec("c", [PY, "-c", "raise SystemExit(3)"])],
                      backoff=Backoff(base_s=30, cap_s=30), output=sink)
