@@ -24,7 +24,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 POOL, MODEL = "drift-pool", "drift-sim"
 OLD_WINDOW, NEW_WINDOW = 256, 4096
-ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "2"}
+# The test sends one over-window prompt every 0.2 s on purpose: the repeated-oversize guard
+# (gateway.inference.oversize) would rightly turn those 400s into 429s, so it is raised here.
+ENV = {"WORKER_HEARTBEAT_SECONDS": "0.2", "WORKER_DEAD_AFTER_SECONDS": "2",
+       "OVERSIZE_REFUSALS_PER_MINUTE": "1000"}
 CATALOG_TTL_S = 2.0  # gateway.inference.pools.TTL: how long a gateway trusts its pool table
 
 

@@ -62,10 +62,12 @@ def run_engine_faults(redis_client: Any) -> dict[str, Any]:
             return outs[0]
 
         # "stall" hangs the whole engine for 3 s after its 5th token; "first_in_stall" arrives
-        # during that stall, so its first token comes after its 1 s TTFT deadline.
+        # during that stall, so its first token comes after its 1 s TTFT deadline. It arrives
+        # 1.5 s in: inside the stall even when a loaded machine starts "stall" late (up to
+        # 1.5 s), and early enough that its deadline (1 s) ends before the stall does.
         plan: list[tuple[str, Any, int | None, int, float]] = [
             ("error", faulty_t, ERROR, 60, 0), ("garbage", faulty_t, GARBAGE, 60, 0),
-            ("stall", hasty_t, STALL, 100, 0), ("first_in_stall", hasty_t, None, 50, 0.8),
+            ("stall", hasty_t, STALL, 100, 0), ("first_in_stall", hasty_t, None, 50, 1.5),
         ] + [(f"healthy{i}", healthy_t, None, 40, 0) for i in range(12)]
         t0 = time.monotonic()
         with ThreadPoolExecutor(len(plan)) as ex:

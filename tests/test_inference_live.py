@@ -452,6 +452,10 @@ def test_idle_stream_gets_keepalives_then_an_error_the_client_raises(live, redis
 
 def test_failure_before_any_token_is_a_free_503(live, redis_client) -> None:
     api_key, plain = tenant_key(ttft_deadline_s=0.5, total_deadline_s=10)
+    # The tables were emptied and refilled for this test: wait until the gateway's catalog
+    # (read at most every couple of seconds) serves the idle model again.
+    procs.wait_until(lambda: IDLE_MODEL in listed_models(live["url"], plain), 15,
+                     "the idle model to be listed")
     r = httpx.post(live["url"] + "/v1/chat/completions", timeout=10,
                    headers={"Authorization": f"Bearer {plain}"},
                    json={"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 5})
@@ -461,6 +465,11 @@ def test_failure_before_any_token_is_a_free_503(live, redis_client) -> None:
     assert (record["prompt_tokens"], record["completion_tokens"]) == (0, 0)
     assert counters(redis_client, api_key)["conc_t"] == 0
     assert bucket_level(redis_client, "tenant", api_key.tenant_id, "in") == 200_000
+
+
+def listed_models(url: str, plain: str) -> set[str]:
+    r = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {plain}"}, timeout=10)
+    return {m["id"] for m in r.json().get("data", [])} if r.status_code == 200 else set()
 
 
 def test_resume_with_last_event_id(live) -> None:

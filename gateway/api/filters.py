@@ -26,12 +26,18 @@ USAGE_PARAMS = [
 
 
 def parse_time(name: str, text: str) -> datetime:
-    value = parse_datetime(text)
-    if value is None and (day := parse_date(text)) is not None:
-        value = datetime.combine(day, time.min)
-    if value is None:
-        raise ValidationError({name: f"{text!r} is not an ISO 8601 date or date-time."})
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    """An ISO 8601 date or date-time, in UTC (a naive one is read as UTC). Normalised to UTC
+    here because PostgreSQL refuses offsets past 15:59 that ISO 8601 allows."""
+    bad = ValidationError({name: f"{text!r} is not an ISO 8601 date or date-time."})
+    try:
+        value = parse_datetime(text)
+        if value is None and (day := parse_date(text)) is not None:
+            value = datetime.combine(day, time.min)
+        if value is None:
+            raise bad
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):  # well-formed but impossible, or out of range in UTC
+        raise bad from None
 
 
 def time_range(request: Request, default_days: int = 30) -> tuple[datetime, datetime]:
