@@ -314,9 +314,11 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
 
     async def _handle(self, body: bytes) -> None:
         try:
-            await self.handle(body)
-        except cells.WrongCell as wrong:
-            await self._forward(body, wrong)
+            try:
+                await self.handle(body)
+            except cells.WrongCell as wrong:
+                # Nested, so the forward's own refusals (400, 503) are answered below too.
+                await self._forward(body, wrong)
         except ApiError as err:
             self.error_code = err.code or err.type
             await self.send_error(err)
