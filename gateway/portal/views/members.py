@@ -84,7 +84,12 @@ def member_change(request: TenantRequest, pk: int) -> HttpResponse:
             "target": target, "role": role, "self": target.user_id == request.user.pk})
     try:
         if role == "remove":
-            membership.remove(target)
+            kept = membership.remove(target)
+            if kept and target.user_id != request.user.pk:
+                # The rule for a removed member's keys, said where the owner acts.
+                messages.info(request, f"{kept} API key(s) {target.user.get_username()} created "
+                                       "still work: they are the tenant's. Revoke them on the "
+                                       "API keys page if they should stop.")
         else:
             membership.change_role(target, role)
     except ValidationError as exc:
