@@ -127,14 +127,26 @@ def _claim(invitation: InvitationQuerySet, user: Any) -> Membership:
     return membership
 
 
+def free_username(wanted: str) -> str:
+    """``wanted``, or ``wanted`` with a random suffix when it is taken: an invitation's form
+    answers the same whether a name exists (review 3). The suffix is random, so the names that
+    exist cannot be counted through it; the portal's welcome names the account's username.
+    """
+    users = get_user_model().objects
+    name = wanted
+    while users.filter(username__iexact=name).exists():
+        name = f"{wanted[:140]}-{secrets.token_hex(3)}"
+    return name
+
+
 def accept_with_new_account(secret: str, username: str, password: str) -> Membership:
     """Create the invitee's account (with the invited email) and accept, all or nothing."""
     with transaction.atomic():
         invitation = pending(secret)
         if invitation is None:
             raise InvitationInvalid
-        user = get_user_model().objects.create_user(username, email=invitation.email,
-                                                    password=password)
+        user = get_user_model().objects.create_user(free_username(username),
+                                                    email=invitation.email, password=password)
         return accept(secret, user)
 
 

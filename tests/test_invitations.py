@@ -91,6 +91,27 @@ def test_a_new_person_creates_an_account_from_the_link_once(world):
     assert not get_user_model().objects.filter(username="second").exists()
 
 
+def test_the_new_account_form_does_not_reveal_which_usernames_exist(world):
+    """Review 3: the link's form answered "already exists" for a taken username. Now a taken
+    name and a free one get the same answer; the taken one is made unique, and the welcome
+    names the account's username."""
+    taken = world.users["member"].get_username()
+    answers = []
+    for name in (taken, "free-name"):
+        link = _invite(world, f"{name}-inv@example.test")
+        visitor = Client()
+        joined = visitor.post(_path(link), {"username": name, "password1": PASSWORD,
+                                            "password2": PASSWORD}, follow=True)
+        answers.append((joined.status_code, joined.redirect_chain))
+        assert b"already exists" not in joined.content
+        user = get_user_model().objects.get(email=f"{name}-inv@example.test")
+        assert f"Your username is {user.get_username()}" in joined.content.decode()
+    assert answers[0] == answers[1]
+    made = get_user_model().objects.get(email=f"{taken}-inv@example.test")
+    assert made.username.startswith(f"{taken}-") and made != world.users["member"]
+    assert world.users["member"].email != made.email  # the existing account is untouched
+
+
 def test_a_signed_in_user_joins_with_one_click_and_never_loses_a_role(world):
     link = _invite(world, "whatever@example.test", role="member")
     outsider = Client()
