@@ -27,6 +27,7 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
+from infra.email_limits import allow_email
 from tenants.models import Invitation, InvitationQuerySet, Membership, Tenant
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ def invite(tenant: Tenant, email: str, role: str, invited_by: Any,
     if Invitation.objects.filter(tenant=tenant, email__iexact=email.strip()).pending().exists():
         raise ValidationError({"email": "This address already has a pending invitation; "
                                         "resend or revoke it instead."})
+    if not allow_email("invite", email, f"user:{getattr(invited_by, 'pk', '')}"):
+        raise ValidationError({"email": "Too many invitation emails for this address or from "
+                                        "you in the last hour. Try again later."})
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():  # no invitation on record that its invitee never got
         invitation = Invitation.objects.create(
