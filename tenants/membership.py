@@ -42,14 +42,15 @@ def change_role(membership: Membership, role: str) -> None:
         membership.save(update_fields=["role"])
 
 
-def remove(membership: Membership) -> int:
-    """Remove a member and, in the same transaction, revoke their playground key; returns how
-    many ordinary keys they created here that are still usable (they keep working)."""
+def remove(membership: Membership, revoke_keys: bool = False) -> int:
+    """Remove a member and, in the same transaction, revoke their playground key (and every
+    key they created here, with ``revoke_keys``); returns how many keys they created here are
+    still usable (they keep working)."""
     with transaction.atomic():
         if membership.role == OWNER:
             _check_other_owner(membership)
         theirs = ApiKey.objects.filter(tenant_id=membership.tenant_id,
                                        created_by_id=membership.user_id)
-        theirs.filter(name__startswith=PLAYGROUND_PREFIX).revoke()
+        (theirs if revoke_keys else theirs.filter(name__startswith=PLAYGROUND_PREFIX)).revoke()
         membership.delete()
         return theirs.usable().count()

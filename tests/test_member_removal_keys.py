@@ -42,3 +42,23 @@ def test_the_owner_is_told_which_keys_keep_working(client) -> None:
     r = client.post(f"/portal/members/{target.pk}/", {"role": "remove"}, follow=True)
     assert r.status_code == 200
     assert b"1 API key(s) leaver2 created still work" in r.content
+
+
+def test_the_owner_can_remove_a_member_and_revoke_their_keys_at_once(client) -> None:
+    tenant = make_tenant()
+    users = get_user_model().objects
+    owner = users.create_user("owner3", password="x-long-password-1")
+    leaver = users.create_user("leaver3", password="x-long-password-1")
+    Membership.objects.create(tenant=tenant, user=owner, role=Membership.Role.OWNER)
+    target = Membership.objects.create(tenant=tenant, user=leaver, role=Membership.Role.MEMBER)
+    key, _ = issue_key(tenant, "their app", created_by=leaver)
+    mine, _ = issue_key(tenant, "owner's app", created_by=owner)
+    client.force_login(owner)
+    session = client.session
+    session["portal_tenant_id"] = tenant.pk
+    session.save()
+    assert b"remove_revoke" in client.get("/portal/members/").content
+    r = client.post(f"/portal/members/{target.pk}/", {"role": "remove_revoke"}, follow=True)
+    assert r.status_code == 200 and not Membership.objects.filter(pk=target.pk).exists()
+    assert not ApiKey.objects.get(pk=key.pk).is_usable()
+    assert ApiKey.objects.get(pk=mine.pk).is_usable()  # only theirs
