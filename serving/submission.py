@@ -122,8 +122,10 @@ class Submission:
     """An admitted, queued request. Safe to use from the event loop that created it."""
 
     def __init__(self, request_id: str, *, pool: str, tenant_id: str, rate_limit: RateLimitInfo,
-                 ttft_deadline_s: float, total_deadline_s: float, started: float) -> None:
+                 ttft_deadline_s: float, total_deadline_s: float, started: float,
+                 shape: str = "") -> None:
         self.request_id = request_id
+        self.shape = shape  # how its stream reads (a resume checks it; gateway.inference.choices)
         self.pool = pool
         self.tenant_id = tenant_id
         self.rate_limit = rate_limit
@@ -310,11 +312,11 @@ async def _find(request_id: str) -> list[Any]:
     pipe = r.pipeline(transaction=False)
     for pool in pools:
         pipe.hmget(req_key(pool, request_id), "tenant", "pool", "ttft_s", "total_s",
-                   "admitted_at")
+                   "admitted_at", "shape")
     for values in await pipe.execute() if pools else []:
         if values[0] is not None:
             return list(values)
-    return [None] * 5
+    return [None] * 6
 
 
 async def attach(request_id: str, tenant_id: int | str) -> Submission | None:
@@ -325,7 +327,7 @@ async def attach(request_id: str, tenant_id: int | str) -> Submission | None:
     if not _RID.fullmatch(request_id):
         return None
     values = await _find(request_id)
-    tenant, pool, ttft, total, admitted = (text(v) if v else None for v in values)
+    tenant, pool, ttft, total, admitted, shape = (text(v) if v else None for v in values)
     if tenant is None or tenant != str(tenant_id):
         return None  # another tenant's id reads as unknown (I1)
     t_redis = await get_async_redis().time()
@@ -333,4 +335,4 @@ async def attach(request_id: str, tenant_id: int | str) -> Submission | None:
     return Submission(request_id, pool=pool or "", tenant_id=tenant,
                       rate_limit=RateLimitInfo(-1, -1, -1, -1, 0.0),
                       ttft_deadline_s=float(ttft or 30), total_deadline_s=float(total or 600),
-                      started=time.monotonic() - age)
+                      started=time.monotonic() - age, shape=shape or "")

@@ -27,6 +27,7 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
+from infra.email_limits import allow_email
 from tenants.models import Invitation, InvitationQuerySet, Membership, Tenant
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ def invite(tenant: Tenant, email: str, role: str, invited_by: Any,
     if Invitation.objects.filter(tenant=tenant, email__iexact=email.strip()).pending().exists():
         raise ValidationError({"email": "This address already has a pending invitation; "
                                         "resend or revoke it instead."})
+    if not allow_email("invite", email, f"user:{getattr(invited_by, 'pk', '')}"):
+        raise ValidationError({"email": "Too many invitation emails for this address or from "
+                                        "you in the last hour. Try again later."})
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():  # no invitation on record that its invitee never got
         invitation = Invitation.objects.create(
@@ -127,14 +131,26 @@ def _claim(invitation: InvitationQuerySet, user: Any) -> Membership:
     return membership
 
 
+def free_username(wanted: str) -> str:
+    """``wanted``, or ``wanted`` with a random suffix when it is taken: an invitation's form
+    answers the same whether a name exists (review 3). The suffix is random, so the names that
+    exist cannot be counted through it; the portal's welcome names the account's username.
+    """
+    users = get_user_model().objects
+    name = wanted
+    while users.filter(username__iexact=name).exists():
+        name = f"{wanted[:140]}-{secrets.token_hex(3)}"
+    return name
+
+
 def accept_with_new_account(secret: str, username: str, password: str) -> Membership:
     """Create the invitee's account (with the invited email) and accept, all or nothing."""
     with transaction.atomic():
         invitation = pending(secret)
         if invitation is None:
             raise InvitationInvalid
-        user = get_user_model().objects.create_user(username, email=invitation.email,
-                                                    password=password)
+        user = get_user_model().objects.create_user(free_username(username),
+                                                    email=invitation.email, password=password)
         return accept(secret, user)
 
 

@@ -11,8 +11,13 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from tenants.models import Membership
+from tenants.models import ApiKey, Membership
 from tenants.roles import OWNER
+
+# The playground's keys are named so (gateway.portal.playground); a removed member's ends with
+# the membership (review 3). Their ordinary keys are the tenant's and keep working until an
+# owner revokes them: applications in production use them (docs/security.md).
+PLAYGROUND_PREFIX = "playground ·"
 
 LAST_OWNER = "A tenant must keep at least one owner."
 
@@ -37,8 +42,15 @@ def change_role(membership: Membership, role: str) -> None:
         membership.save(update_fields=["role"])
 
 
-def remove(membership: Membership) -> None:
+def remove(membership: Membership, revoke_keys: bool = False) -> int:
+    """Remove a member and, in the same transaction, revoke their playground key (and every
+    key they created here, with ``revoke_keys``); returns how many keys they created here are
+    still usable (they keep working)."""
     with transaction.atomic():
         if membership.role == OWNER:
             _check_other_owner(membership)
+        theirs = ApiKey.objects.filter(tenant_id=membership.tenant_id,
+                                       created_by_id=membership.user_id)
+        (theirs if revoke_keys else theirs.filter(name__startswith=PLAYGROUND_PREFIX)).revoke()
         membership.delete()
+        return theirs.usable().count()

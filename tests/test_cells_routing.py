@@ -3,6 +3,10 @@ the pool table a cell routes to, and a split tenant's limits in one cell."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import httpx
 import pytest
 from django.core.exceptions import ValidationError
 
@@ -89,3 +93,53 @@ def test_a_split_tenant_gets_the_floor_and_a_part_of_its_counters() -> None:
     assert (split.tenant.output_tpm, split.tenant.output_burst) == (600, 600)
     assert (split.tenant.concurrent_requests, split.tenant.open_streams) == (3, None)
     assert split.key == limits.key  # key caps apply per cell
+
+
+# -- review 3: what a forward sends and passes back --------------------------------------------
+
+
+def _forward_through(path: str, raw_path: bytes, query: bytes = b""
+                     ) -> tuple[list[httpx.Request], list[dict[str, Any]]]:
+    """Run ``forward`` against a home cell answered in process; (requests it got, messages)."""
+    seen: list[httpx.Request] = []
+
+    def home(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, stream=httpx.ByteStream(b"{}"), headers=[
+            ("set-cookie", "sessionid=home-cell; Path=/"), ("x-request-id", "r1")])
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def go() -> None:
+        routing._client = httpx.AsyncClient(transport=httpx.MockTransport(home))
+        try:
+            scope = {"method": "GET", "path": path, "raw_path": raw_path,
+                     "query_string": query, "headers": [(b"authorization", b"Bearer k")]}
+            await routing.forward(scope, b"", routing.WrongCell("east", "http://east.example"),
+                                  send)
+        finally:
+            await routing._client.aclose()
+            routing._client = None
+
+    asyncio.run(go())
+    return seen, sent
+
+
+def test_a_forward_keeps_the_path_encoded_and_drops_the_home_cells_cookie(two_cells) -> None:
+    seen, sent = _forward_through("/v1/models/a?b", b"/v1/models/a%3Fb", b"x=1")
+    assert seen[0].url.raw_path == b"/v1/models/a%3Fb?x=1"  # %3F stays in the path
+    headers = dict(sent[0]["headers"])
+    assert b"set-cookie" not in headers and headers[b"x-request-id"] == b"r1"
+
+
+@pytest.mark.parametrize("path,raw", [
+    ("/v1/models\r\nX-Injected: 1", b"/v1/models%0d%0aX-Injected:%201"),
+    ("/v1/models\r\nX-Injected: 1", b"/v1/models\r\nX-Injected: 1"),
+])
+def test_a_control_character_in_a_forwarded_path_is_a_400(two_cells, path, raw) -> None:
+    with pytest.raises(ApiError) as err:
+        _forward_through(path, raw)
+    assert (err.value.status, err.value.param) == (400, "path")

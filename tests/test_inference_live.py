@@ -491,6 +491,26 @@ def test_resume_with_last_event_id(live) -> None:
     assert r.status_code == 404  # another tenant's stream does not exist for you
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("declared", [{"tools": [TOOL]}, {"n": 2}, {"logprobs": True}])
+def test_resuming_a_plain_stream_with_another_shape_is_a_400(live, declared) -> None:
+    """Review 3, N12: a body declaring tools, n or logprobs cannot resume a plain stream (its
+    entries would be read wrongly); a 400 naming the parameter, not a garbled 200 or a 500."""
+    _, plain = tenant_key()
+    headers = {"Authorization": f"Bearer {plain}"}
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 5, "stream": True}
+    first = httpx.post(live["url"] + "/v1/chat/completions", json=body, headers=headers,
+                       timeout=30).text
+    resume_from = next(e for e in first.split("\n\n") if e.startswith("id: ")
+                       ).splitlines()[0].removeprefix("id: ")
+    r = httpx.post(live["url"] + "/v1/chat/completions", json={**body, **declared}, timeout=30,
+                   headers={**headers, "Last-Event-ID": resume_from})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == next(iter(declared))
+
+
 # -- idempotency -----------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import threading
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
@@ -89,6 +90,27 @@ def test_a_new_person_creates_an_account_from_the_link_once(world):
                                         "password2": PASSWORD})
     assert again.status_code == 404 and "not valid" in again.content.decode()
     assert not get_user_model().objects.filter(username="second").exists()
+
+
+def test_the_new_account_form_does_not_reveal_which_usernames_exist(world):
+    """Review 3: the link's form answered "already exists" for a taken username. Now a taken
+    name and a free one get the same answer; the taken one is made unique, and the welcome
+    names the account's username."""
+    taken = world.users["member"].get_username()
+    answers = []
+    for name in (taken, "free-name"):
+        link = _invite(world, f"{name}-inv@example.test")
+        visitor = Client()
+        joined = visitor.post(_path(link), {"username": name, "password1": PASSWORD,
+                                            "password2": PASSWORD}, follow=True)
+        answers.append((joined.status_code, joined.redirect_chain))
+        assert b"already exists" not in joined.content
+        user = get_user_model().objects.get(email=f"{name}-inv@example.test")
+        assert f"Your username is {user.get_username()}" in joined.content.decode()
+    assert answers[0] == answers[1]
+    made = get_user_model().objects.get(email=f"{taken}-inv@example.test")
+    assert made.username.startswith(f"{taken}-") and made != world.users["member"]
+    assert world.users["member"].email != made.email  # the existing account is untouched
 
 
 def test_a_signed_in_user_joins_with_one_click_and_never_loses_a_role(world):
@@ -204,3 +226,40 @@ def test_a_mail_server_failure_leaves_no_invitation_and_says_so(world, settings)
                                   {"email": "x@example.test", "role": "member"})
     assert response.status_code == 200 and "could not be sent" in response.content.decode()
     assert not Invitation.objects.exists()
+
+
+def test_password_reset_emails_are_limited_per_address_and_per_client(world):
+    """Review 3: the reset form mailed an address as often as asked. Over the limit the answer
+    is the same "sent" redirect, and no email goes out."""
+    from infra.email_limits import PER_ADDRESS, PER_REQUESTER
+    mail.outbox.clear()
+    client = Client()
+    answers = {client.post(reverse("portal:password_reset"),
+                           {"email": "member@example.test"})["Location"]
+               for _ in range(PER_ADDRESS + 3)}
+    assert len(answers) == 1 and len(mail.outbox) == PER_ADDRESS
+    # One client asking for many addresses is stopped too (all unknown: nothing is mailed,
+    # but each counts), and then a known address gets nothing from it either.
+    for i in range(PER_REQUESTER):
+        client.post(reverse("portal:password_reset"), {"email": f"n{i}@example.test"})
+    mail.outbox.clear()
+    world.users["owner"].email = "owner-reset@example.test"
+    world.users["owner"].save()
+    client.post(reverse("portal:password_reset"), {"email": "owner-reset@example.test"})
+    assert mail.outbox == []
+    # Another client still reaches an address under its own limit.
+    Client(REMOTE_ADDR="10.9.9.9").post(reverse("portal:password_reset"),
+                                        {"email": "owner-reset@example.test"})
+    assert len(mail.outbox) == 1
+
+
+def test_invitation_emails_are_limited_per_address(world):
+    from infra.email_limits import PER_ADDRESS
+    owner = world.users["owner"]
+    for _ in range(PER_ADDRESS):
+        invitation = invitations.invite(world.tenant, "again@example.test", "member", owner,
+                                        lambda s: f"http://x/{s}/")
+        invitations.revoke(invitation)  # revoke and re-invite: the loop the review used
+    with pytest.raises(ValidationError, match="Too many invitation emails"):
+        invitations.invite(world.tenant, "again@example.test", "member", owner,
+                           lambda s: f"http://x/{s}/")

@@ -30,8 +30,9 @@ FORWARD_REQUEST = frozenset({
     b"authorization", b"content-type", b"accept", b"idempotency-key", b"last-event-id",
     b"openai-organization", b"openai-project", b"user-agent", b"x-stainless-retry-count",
 })
+# Set-Cookie: the home cell's cookies are for its own origin, never for this one's clients.
 DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"server",
-                           b"date"})
+                           b"date", b"set-cookie"})
 CONNECT_TIMEOUT_S = 5.0
 
 _client: httpx.AsyncClient | None = None
@@ -74,14 +75,30 @@ def _http() -> httpx.AsyncClient:
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+def forward_path(scope: dict[str, Any]) -> str:
+    """The path and query to replay, as the client sent them (review 3).
+
+    ``raw_path``, not the decoded ``path``: decoding would turn ``%3F`` into a query and ``%2F``
+    into a segment at the home cell. A control character anywhere (``%0d%0a`` decoded, or
+    raw) is refused with a 400 before anything is sent, so it can never reach a request line.
+    """
+    raw: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    query: bytes = scope.get("query_string") or b""
+    decoded = scope["path"].encode("utf-8", "surrogateescape")
+    if any(b < 0x20 or b == 0x7F for b in raw + query + decoded):
+        raise ApiError(400, "The request path contains a control character.", param="path",
+                       code="invalid_path")
+    text = raw.decode("latin-1")
+    return text + ("?" + query.decode("latin-1") if query else "")
+
+
 async def forward(scope: dict[str, Any], body: bytes, wrong: WrongCell, send: Send) -> None:
     """Replay the request at the home cell and stream its answer through ``send``.
 
     Nothing is sent before the home cell answers, so a connection failure is still a clean 503
     (retryable, and nothing was charged anywhere).
     """
-    path = scope["path"] + (("?" + scope["query_string"].decode("latin-1"))
-                            if scope.get("query_string") else "")
+    path = forward_path(scope)
     headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() in FORWARD_REQUEST]
     headers.append((FORWARDED_HEADER, settings.CELL.encode()))
     request = _http().build_request(scope["method"], wrong.url + path, headers=headers,

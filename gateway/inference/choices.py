@@ -313,3 +313,27 @@ def needs_assembler(req: InferenceRequest) -> bool:
 def framed(req: InferenceRequest) -> bool:
     """Whether the worker frames this request's stream (the same test as ``workers.host``)."""
     return req.n > 1 or req.logprobs is not None
+
+
+def stream_shape(req: InferenceRequest) -> str:
+    """What a stream's entries look like, kept with the request (``serving.submission``) so a
+    resume can check that its body reads them the same way: ``n=2;logprobs=1;tools=0``."""
+    tools = req.kind == "chat" and req.tool_choice.mode != "none"
+    return f"n={req.n};logprobs={int(req.logprobs is not None)};tools={int(tools)}"
+
+
+def check_resume_shape(req: InferenceRequest, stored: str) -> None:
+    """A 400 naming the first of ``n``, ``logprobs``, ``tools`` in which the resuming body
+    differs from the request that made the stream (review 3, N12): a plain stream read with a
+    tool parser, or a framed one as text, would be garbled. A stream admitted before shapes
+    were kept (``stored`` empty) is let through; ``Assembler._pieces`` still catches a framed
+    body on a plain stream."""
+    if not stored:
+        return
+    before = dict(part.split("=", 1) for part in stored.split(";") if "=" in part)
+    now = dict(part.split("=", 1) for part in stream_shape(req).split(";"))
+    for name in ("n", "logprobs", "tools"):
+        if name in before and before[name] != now[name]:
+            raise ApiError(400, f"The `{name}` of this body does not match the stream being "
+                                "resumed: resume with the original request.",
+                           param=name, code="invalid_value")

@@ -63,7 +63,13 @@ from gateway.inference.bodies import (
     usage_counts,
 )
 from gateway.inference.bodylimit import read_bounded_body
-from gateway.inference.choices import Assembler, framed, needs_assembler
+from gateway.inference.choices import (
+    Assembler,
+    check_resume_shape,
+    framed,
+    needs_assembler,
+    stream_shape,
+)
 from gateway.inference.errors import (
     ApiError,
     method_not_allowed,
@@ -308,9 +314,11 @@ class ApiConsumer(AsyncHttpConsumer):  # type: ignore[misc]
 
     async def _handle(self, body: bytes) -> None:
         try:
-            await self.handle(body)
-        except cells.WrongCell as wrong:
-            await self._forward(body, wrong)
+            try:
+                await self.handle(body)
+            except cells.WrongCell as wrong:
+                # Nested, so the forward's own refusals (400, 503) are answered below too.
+                await self._forward(body, wrong)
         except ApiError as err:
             self.error_code = err.code or err.type
             await self.send_error(err)
@@ -623,7 +631,8 @@ class CompletionConsumer(ApiConsumer):
                 request_id=request_id, principal=self.principal, pool=target.pool.name,
                 model=target.served_model, prompt_token_ids=prepared.prompt_ids,
                 sampling=prepared.sampling, stream=req.stream, adapter=target.pool.adapter,
-                end_user=self.end_user, trace=tracing.carrier(self.span))
+                end_user=self.end_user, trace=tracing.carrier(self.span),
+                shape=stream_shape(req))
 
     async def _serve(self, principal: Principal, req: InferenceRequest, target: Target,
                      prepared: Prepared) -> tuple[int, bytes]:
@@ -697,6 +706,7 @@ class CompletionConsumer(ApiConsumer):
         if found is None:
             raise ApiError(404, "No stream to resume for this Last-Event-ID (it may have "
                            "expired).", param="Last-Event-ID", code="stream_not_found")
+        check_resume_shape(req, found.shape)
         self.request_id = rid
         self.submission = found
         if needs_assembler(req):

@@ -22,7 +22,7 @@ from tenants.auth import Principal
 async def submit_request(
     *, request_id: str, principal: Principal, pool: str, model: str,
     prompt_token_ids: Sequence[int], sampling: SamplingParams, stream: bool,
-    adapter: str | None = None, end_user: str = "", trace: str | None = None,
+    adapter: str | None = None, end_user: str = "", trace: str | None = None, shape: str = "",
 ) -> Submission | Rejection:
     if principal.over_budget:
         return over_budget(request_id)
@@ -42,7 +42,7 @@ async def submit_request(
         model=model, pool=pool, prompt_token_ids=prompt_token_ids, sampling=sampling,
         limits=limits, stream=stream, request_id=request_id, cache_salt=principal.cache_salt,
         adapter=adapter, budget_rules=rules, prices=prices,
-        context=_context(end_user, trace, principal.project_id),
+        context=_context(end_user, trace, principal.project_id, shape),
     )
 
 
@@ -54,9 +54,10 @@ def over_budget(request_id: str) -> Rejection:
                              "it. A tenant owner can raise the cap or resume the key.")
 
 
-def _context(end_user: str, trace: str | None, project: int | None) -> dict[str, str] | None:
+def _context(end_user: str, trace: str | None, project: int | None,
+             shape: str = "") -> dict[str, str] | None:
     """What the request's hash carries beyond the charge: for its usage record, the request
-    log and the trace (ids only, never content)."""
+    log and the trace (ids only, never content), and the stream's shape for a resume."""
     context = {"end_user": end_user, "trace": trace,
-               "project": "" if project is None else str(project)}
+               "project": "" if project is None else str(project), "shape": shape}
     return {k: v for k, v in context.items() if v} or None

@@ -195,7 +195,18 @@ class InviteForm(forms.Form):
 
 
 class AcceptInvitationForm(UserCreationForm[User]):
-    """A new account for an invitee; the email is the invited address."""
+    """A new account for an invitee; the email is the invited address.
+
+    The form never says a username is taken (review 3: the link's form enumerated accounts):
+    a taken name is made unique when the account is created (``invitations.free_username``)
+    and the welcome message names the account's username.
+    """
 
     class Meta(UserCreationForm.Meta):
         fields = ("username",)
+
+    def clean_username(self) -> str:
+        return str(self.cleaned_data["username"])  # no "already exists": see the docstring
+
+    def validate_unique(self) -> None:
+        """Uniqueness is the account creation's (``accept_with_new_account``), not the form's."""

@@ -20,12 +20,13 @@ from typing import Any
 from django.utils import timezone
 
 from tenants.keys import issue_key
+from tenants.membership import PLAYGROUND_PREFIX as PLAYGROUND_PREFIX
 from tenants.models import ApiKey, Tenant
 
 PLAYGROUND_KEY_TTL = timedelta(minutes=30)
 REUSE_MARGIN = timedelta(minutes=2)
 SESSION_KEY = "portal_playground_key"
-PLAYGROUND_PREFIX = "playground ·"  # key forms refuse names starting with it
+# Key forms refuse names starting with it; removing a member revokes their playground key.
 
 
 @dataclass

@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path, reverse_lazy
 
 from gateway.portal.lockout import UnlockingPasswordResetConfirmView
+from gateway.portal.password_reset import LimitedPasswordResetView
 from gateway.portal.views import (
     budgets,
     content_logging,
@@ -23,7 +24,7 @@ urlpatterns = [
     path("login/", home.PortalLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("invitation/<str:secret>/", invitations.invitation_page, name="invitation"),
-    path("password-reset/", auth_views.PasswordResetView.as_view(
+    path("password-reset/", LimitedPasswordResetView.as_view(
         template_name="portal/password_reset.html",
         email_template_name="portal/password_reset_email.txt",
         subject_template_name="portal/password_reset_subject.txt",

@@ -59,6 +59,7 @@ def _join_as_new(request: HttpRequest, secret: str, invitation: Invitation) -> H
             return page(request, "portal/invitation_invalid.html", status=404)
         request.session.pop(PENDING_KEY, None)
         login(request, membership.user, backend=MODEL_BACKEND)
+        messages.info(request, f"Your username is {membership.user.get_username()}.")
         return _joined(request, invitation)
     here = reverse("portal:invitation", args=[secret])
     return page(request, "portal/invitation.html", {

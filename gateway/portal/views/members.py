@@ -60,9 +60,13 @@ def members_page(request: TenantRequest) -> HttpResponse:
     })
 
 
+# "remove_revoke" also revokes every API key the member created here (review 3).
+REMOVE = ("remove", "remove_revoke")
+
+
 def _needs_confirmation(request: HttpRequest, target: Membership, role: str) -> bool:
     takes_owner = target.role == OWNER and role != OWNER
-    leaves = role == "remove" and target.user_id == request.user.pk
+    leaves = role in REMOVE and target.user_id == request.user.pk
     return (takes_owner or leaves) and request.POST.get("confirm") != "yes"
 
 
@@ -72,7 +76,7 @@ def member_change(request: TenantRequest, pk: int) -> HttpResponse:
     target = get_object_or_404(Membership.objects.select_related("user"), pk=pk,
                                tenant=request.tenant)
     role = request.POST.get("role", "")
-    if role != "remove" and role not in Membership.Role.values:
+    if role not in REMOVE and role not in Membership.Role.values:
         messages.error(request, "Choose a role, or remove.")
         return redirect("portal:members")
     if membership.is_last_owner(target) and role != OWNER:
@@ -81,10 +85,16 @@ def member_change(request: TenantRequest, pk: int) -> HttpResponse:
         return redirect("portal:members")
     if _needs_confirmation(request, target, role):
         return page(request, "portal/member_confirm.html", {
-            "target": target, "role": role, "self": target.user_id == request.user.pk})
+            "target": target, "role": role, "self": target.user_id == request.user.pk,
+            "removes": role in REMOVE})
     try:
-        if role == "remove":
-            membership.remove(target)
+        if role in REMOVE:
+            kept = membership.remove(target, revoke_keys=role == "remove_revoke")
+            if kept and target.user_id != request.user.pk:
+                # The rule for a removed member's keys, said where the owner acts.
+                messages.info(request, f"{kept} API key(s) {target.user.get_username()} created "
+                                       "still work: they are the tenant's. Revoke them on the "
+                                       "API keys page if they should stop.")
         else:
             membership.change_role(target, role)
     except ValidationError as exc:
