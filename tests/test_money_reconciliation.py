@@ -118,3 +118,22 @@ def test_reports_group_by_end_user_and_reconcile(three_keys):
     csv_text = b"".join(answer.streaming_content).decode("utf-8-sig")
     assert csv_text.splitlines()[0].startswith("end_user,requests")
     assert "alice" in csv_text and "TOTAL" in csv_text
+
+
+def test_portal_report_and_finance_export_group_by_end_user(three_keys, client):
+    from metering.billing import exports
+
+    world, now = three_keys
+    client.force_login(world.users["billing"])
+    page = client.get(reverse("portal:reports")).content.decode()
+    assert 'value="end_user"' in page
+    response = client.post(reverse("portal:reports"), {
+        "start": (now - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M"),
+        "end": (now + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"),
+        "group_by": ["end_user"], "format": "csv"})
+    lines = b"".join(response.streaming_content).decode("utf-8-sig").splitlines()
+    assert lines[0].startswith("end_user,") and lines[-1].startswith("TOTAL,3,")
+    assert lines[-1].split(",")[5] == "0.01"  # the statement's total
+    job = exports.queue_export(tenant=world.tenant, user=None, start=now - timedelta(days=1),
+                               end=now + timedelta(hours=1), group_by="end_user", fmt="csv")
+    assert job.group_by == "end_user"
