@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Run lint and the whole test suite against PostgreSQL and Redis (the README's test command);
 # starts both on 127.0.0.1 when they are not answering.
+#
+#   scripts/test.sh                    lint, then the unit lane, then the rest, in parallel
+#   scripts/test.sh tests/test_x.py    lint, then only what you name (pytest's arguments)
+#
+# The unit lane (--unit-lane: neither `integration` nor `slow`) starts no process, and fails a
+# test in it that does. TEST_WORKERS sets the pytest-xdist workers of both lanes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh
@@ -14,4 +20,40 @@ DEBUG=true .venv/bin/mypy  # the Django plugin loads the settings: development o
 echo "==> manage.py check --deploy (production settings, warnings fail)"
 scripts/check_deploy.sh
 echo "==> pytest (database: ${DATABASE_URL%%\?*}, redis: $REDIS_URL)"
-exec .venv/bin/python -m pytest "$@"
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+
+# Workers: the live tests mostly wait on their processes, so twice the cores (measured on the
+# 2-core CI machine: 4 beat 2 and 3), at most 8. Worker i uses Redis db (REDIS_URL's db + i)
+# (tests/testenv.py), so the workers must fit in Redis' 16 dbs.
+base_db=${REDIS_URL##*/}
+[[ $base_db =~ ^[0-9]+$ ]] || base_db=0
+workers=${TEST_WORKERS:-$(( $(nproc) * 2 ))}
+(( workers > 8 )) && workers=8
+(( workers > 16 - base_db )) && workers=$(( 16 - base_db ))
+(( workers < 1 )) && workers=1
+
+# lane NAME ARGS...: runs pytest, records its wall time in NAME_s and its status in NAME_rc.
+# Exit 5 (nothing collected) is not a failure here: a lane may be empty on a narrowed tree.
+lane() {
+  local name=$1 rc=0 start
+  shift
+  start=$SECONDS
+  .venv/bin/python -m pytest -n "$workers" "$@" || rc=$?
+  (( rc == 5 )) && rc=0
+  printf -v "${name}_s" '%d' $(( SECONDS - start ))
+  printf -v "${name}_rc" '%d' "$rc"
+}
+
+echo "==> unit lane ($workers workers)"
+lane unit --unit-lane
+echo "==> integration and slow tests ($workers workers)"
+lane live -m "integration or slow" --durations=15
+
+verdict() { (( $1 <= $2 )) && echo "within" || echo "OVER"; }
+total_s=$(( unit_s + live_s ))
+echo "==> targets"
+echo "unit lane:  ${unit_s} s (target 120 s: $(verdict "$unit_s" 120))"
+echo "full suite: ${total_s} s of test time (target 600 s: $(verdict "$total_s" 600))"
+(( unit_rc == 0 && live_rc == 0 )) || exit 1

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gateway", "serving", "workers", "tenants", "metering", "infra")
 
@@ -220,6 +222,7 @@ def test_the_exemption_lists_are_still_needed() -> None:
     assert not stale, f"no longer imported inside a function: drop {sorted(stale)}"
 
 
+@pytest.mark.integration
 def test_the_celery_app_loads_before_django_is_set_up() -> None:
     """``celery -A gateway`` imports the package before Django's set-up: the app must name the
     engine host and the periodic tasks, not import them (they import models)."""

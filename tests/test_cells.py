@@ -78,6 +78,7 @@ def test_plan_gives_every_cell_its_floor_and_never_more_than_the_quota() -> None
 # -- one cell ---------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_cell_enforces_its_recorded_share_not_the_callers_rate(cell_redis: CellRedis) -> None:
     q = quota(out_rate=6_000, out_burst=1_000)
     a = cell_redis.client("a")
@@ -96,6 +97,7 @@ def test_a_cell_enforces_its_recorded_share_not_the_callers_rate(cell_redis: Cel
     assert admit_once(a, q, 2, 100) and not admit_once(a, q, 2, 50)
 
 
+@pytest.mark.integration
 def test_growth_is_capped_by_the_allowance_and_a_lost_state_falls_to_the_floor(
     cell_redis: CellRedis,
 ) -> None:
@@ -112,6 +114,7 @@ def test_growth_is_capped_by_the_allowance_and_a_lost_state_falls_to_the_floor(
 # -- the rebalance ----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_rebalance_moves_share_to_demand_and_keeps_the_sum(cell_redis: CellRedis) -> None:
     q = quota()
     names = ["a", "b", "c"]
@@ -132,6 +135,7 @@ def test_rebalance_moves_share_to_demand_and_keeps_the_sum(cell_redis: CellRedis
     assert cells.total(moved).out_rate <= q.out_rate
 
 
+@pytest.mark.integration
 def test_a_cell_dead_between_read_and_shrink_holds_back_the_growth(cell_redis: CellRedis) -> None:
     q = quota()
     names = ["a", "b", "c"]
@@ -160,6 +164,7 @@ def test_a_cell_dead_between_read_and_shrink_holds_back_the_growth(cell_redis: C
     assert cells.rebalance(TENANT, q, clients, floor=FLOOR).skipped == "cell a unreachable"
 
 
+@pytest.mark.integration
 def test_the_bound_holds_under_concurrent_admissions_rebalances_and_a_lost_cell(
     cell_redis: CellRedis,
 ) -> None:

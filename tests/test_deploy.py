@@ -75,6 +75,7 @@ def test_the_schema_check_rejects_a_bad_manifest() -> None:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.integration
 def test_kustomize_renders_valid_manifests() -> None:
     out = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True,
                          timeout=60, check=True).stdout
@@ -93,6 +94,7 @@ CELL_OVERLAYS = sorted(p.parent for p in (DEPLOY / "cells").glob("*/kustomizatio
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 @pytest.mark.parametrize("overlay", CELL_OVERLAYS, ids=lambda p: p.name)
+@pytest.mark.integration
 def test_each_cell_overlay_renders_the_base_with_its_cell(overlay: Path) -> None:
     """docs/adr/0019: one overlay per regional cell; every object carries the cell, the shared
     config names it (CELL), and the probes' Host stays allowed."""
@@ -201,6 +203,7 @@ def test_dockerfiles() -> None:
             i["value"] for i in instructions if i["instruction"] == "ENTRYPOINT")
 
 
+@pytest.mark.integration
 def test_entrypoint_knows_every_role_used() -> None:
     script = DEPLOY / "entrypoint.sh"
     assert script.stat().st_mode & 0o111
@@ -215,12 +218,14 @@ def test_entrypoint_knows_every_role_used() -> None:
             assert svc["command"][0] in ROLES, name
 
 
+@pytest.mark.integration
 def test_entrypoint_rejects_a_worker_without_a_pool() -> None:
     done = subprocess.run(["sh", str(DEPLOY / "entrypoint.sh"), "worker"], capture_output=True,
                           text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode != 0 and "pool" in done.stderr
 
 
+@pytest.mark.integration
 def test_the_image_starts_uvicorn_with_the_one_command_line(tmp_path: Path) -> None:
     """Review 3: the entrypoint lacked --no-proxy-headers. The command line is built in one place
     (infra.uvicorn_command) and the entrypoint's gateway role goes through it."""

@@ -52,28 +52,33 @@ def refusal(**env: str) -> str:
     ("CACHE_SALT_SECRET", "CACHE_SALT_SECRET"),
     ("CONTENT_LOG_MASTER_KEYS", "CONTENT_LOG_MASTER_KEYS"),
 ])
+@pytest.mark.integration
 def test_production_refuses_to_start_without_each_secret(missing, named):
     env = {k: v for k, v in PRODUCTION.items() if k != missing}
     assert named in refusal(**env)
 
 
+@pytest.mark.integration
 def test_debug_off_is_production_by_default():
     """No DEBUG at all is production: the development SECRET_KEY is refused."""
     env = {k: v for k, v in PRODUCTION.items() if k not in ("DEBUG", "SECRET_KEY")}
     assert "SECRET_KEY" in refusal(**env)
 
 
+@pytest.mark.integration
 def test_the_cache_salt_secret_is_its_own_secret():
     assert "CACHE_SALT_SECRET" in refusal(**{**PRODUCTION,
                                              "CACHE_SALT_SECRET": PRODUCTION["SECRET_KEY"]})
 
 
+@pytest.mark.integration
 def test_the_development_pepper_is_refused_among_several():
     env = {**PRODUCTION, "API_KEY_PEPPERS": "2:new-secret-0123456789abc,"
            "1:dev-pepper-change-me-0123456789"}
     assert "API_KEY_PEPPERS" in refusal(**env)
 
 
+@pytest.mark.integration
 def test_production_starts_with_real_secrets_and_https_defaults():
     done = run(SHOW, **PRODUCTION, TRUSTED_PROXY_CIDRS="10.0.0.0/8")
     assert done.returncode == 0, done.stderr[-800:]
@@ -84,6 +89,7 @@ def test_production_starts_with_real_secrets_and_https_defaults():
     assert shown["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
 
 
+@pytest.mark.integration
 def test_the_embedded_quick_start_needs_no_secrets():
     """scripts/run.sh runs with DEBUG on and none of the secrets set."""
     done = run(SHOW, DEBUG="true")
@@ -93,12 +99,14 @@ def test_the_embedded_quick_start_needs_no_secrets():
     assert shown["CACHE_SALT_SECRET"]  # development default
 
 
+@pytest.mark.integration
 def test_check_deploy_is_clean_with_production_settings():
     done = subprocess.run(["scripts/check_deploy.sh"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
+@pytest.mark.integration
 def test_check_deploy_flags_an_insecure_cookie():
     """The same check fails when a https setting is off: it is a real gate."""
     insecure = run("from django.core.management import call_command; "

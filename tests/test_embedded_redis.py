@@ -6,11 +6,13 @@ import contextlib
 import subprocess
 
 import psutil
+import pytest
 import redis
 
 from infra import embedded_redis
 
 
+@pytest.mark.integration
 def test_serve_takes_over_a_daemonized_server_and_its_port(tmp_path) -> None:
     url = embedded_redis.ensure_embedded_redis(tmp_path)  # as bootstrap_demo would
     daemon = int((tmp_path / "redis.pid").read_text())

@@ -222,8 +222,14 @@ def _vllm_serve(server: Any) -> Backend:
                    max_running=MAX_SEQS, direct_url=server.url + "/v1/completions")
 
 
-@pytest.fixture(params=["simulated", "upstream-vllm-wire", "upstream-llama-cpp", "vllm",
-                        "upstream-vllm-serve"])
+def _live(*names: str) -> list[Any]:
+    """Backends that run as processes (a server, vLLM's engine core): the integration lane's.
+    The simulated engine runs in-process and stays in the unit lane."""
+    return [pytest.param(name, marks=pytest.mark.integration) for name in names]
+
+
+@pytest.fixture(params=["simulated", *_live("upstream-vllm-wire", "upstream-llama-cpp", "vllm",
+                                            "upstream-vllm-serve")])
 def backend(request: pytest.FixtureRequest) -> Backend:
     return _backend(request)
 
@@ -631,7 +637,7 @@ def test_waiting_requests_start_in_priority_order(backend: Backend) -> None:
     assert order[0] == "high", order
 
 
-@pytest.fixture(params=["simulated", "vllm", "upstream-vllm-serve", "upstream-llama-cpp"])
+@pytest.fixture(params=["simulated", *_live("vllm", "upstream-vllm-serve", "upstream-llama-cpp")])
 def logprob_backend(request: pytest.FixtureRequest) -> Backend:
     """The backends that report logprobs (the vLLM-wire stand-in server does not model them)."""
     return _backend(request)

@@ -179,6 +179,7 @@ def test_the_alert_email_links_the_portal(world, settings):
     assert "https://gw.example.test/portal/usage/" in mail.outbox[0].body
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args,url", [
     ([], "http://127.0.0.1:8000"), (["--port", "9001"], "http://127.0.0.1:9001"),
     (["--no-beat", "--port=9002", "--host", "0.0.0.0"], "http://127.0.0.1:9002"),

@@ -70,12 +70,14 @@ def _start(**env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("value", ["no-port", "h:0", "h:99999", "a:1,:2"])
+@pytest.mark.integration
 def test_bad_cluster_address_names_the_setting(value: str) -> None:
     done = _start(REDIS_CLUSTER_NODES=value)
     assert done.returncode != 0
     assert "REDIS_CLUSTER_NODES" in done.stderr.strip().splitlines()[-1], done.stderr[-500:]
 
 
+@pytest.mark.integration
 def test_cluster_and_sentinels_together_stop_startup() -> None:
     done = _start(REDIS_CLUSTER_NODES="127.0.0.1:7000", REDIS_SENTINELS="127.0.0.1:26379",
                   REDIS_SENTINEL_MASTER="m")
@@ -100,6 +102,7 @@ def fresh_clients() -> Iterator[None]:
     redis_conn.async_clients.clear()
 
 
+@pytest.mark.integration
 def test_cluster_clients_find_every_node_from_one(fresh_clients: None, settings: Any,
                                                    cluster: RedisCluster) -> None:
     settings.REDIS_CLUSTER_NODES = [("127.0.0.1", cluster.ports[0])]
@@ -158,6 +161,7 @@ def test_every_script_call_stays_in_one_slot(settings: Any) -> None:
                      store.stats_key())) == 1
 
 
+@pytest.mark.integration
 def test_a_cross_slot_script_is_refused_by_the_cluster(cluster: RedisCluster) -> None:
     """What the tags prevent: the cluster (here redis-py before it) refuses a script whose
     keys span slots, which is how the child run below catches a key that lost its tag."""
@@ -168,6 +172,7 @@ def test_a_cross_slot_script_is_refused_by_the_cluster(cluster: RedisCluster) ->
                        redis_conn.pool_key("b", "p", "x")) == 1
 
 
+@pytest.mark.integration
 def test_a_cell_on_a_cluster_takes_its_quota_share(cluster: RedisCluster) -> None:
     """The rebalancer reaches a cell that runs Redis Cluster (redis+cluster://): its share
     script lands on the tenant's slot, on whichever primary owns it."""
@@ -232,6 +237,7 @@ def _move_slot(cluster: RedisCluster, slot: int, src: int, dst: int) -> int:
     return moved
 
 
+@pytest.mark.integration
 def test_a_reshard_of_a_pools_slot_moves_its_streams_and_settles_once(
         fresh_clients: None, settings: Any, cluster: RedisCluster) -> None:
     """The pool's slot moves to another primary while a request streams. The gateway's reader

@@ -27,12 +27,14 @@ def start(**env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("value", ["no-port", "h:0", "h:99999", "h:abc", "a:1,:2"])
+@pytest.mark.integration
 def test_bad_sentinel_address_names_the_setting(value: str) -> None:
     done = start(REDIS_SENTINELS=value, REDIS_SENTINEL_MASTER="m")
     assert done.returncode != 0
     assert "REDIS_SENTINELS" in done.stderr.strip().splitlines()[-1], done.stderr[-500:]
 
 
+@pytest.mark.integration
 def test_sentinels_without_a_master_name_stop_startup() -> None:
     done = start(REDIS_SENTINELS="127.0.0.1:26379", REDIS_SENTINEL_MASTER="")
     assert done.returncode != 0 and "REDIS_SENTINEL_MASTER" in done.stderr

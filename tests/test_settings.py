@@ -18,6 +18,7 @@ def start(**env: str) -> subprocess.CompletedProcess[str]:
                           env=full, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.integration
 def test_good_environment_starts():
     done = start()
     assert done.returncode == 0, done.stderr
@@ -41,6 +42,7 @@ def test_good_environment_starts():
     ("CELL", "nowhere"),  # not one of CELLS
     ("CELL_SHARE_FLOOR", "2"),
 ])
+@pytest.mark.integration
 def test_bad_value_stops_startup_naming_the_setting(name, value):
     done = start(**{name: value})
     assert done.returncode != 0
@@ -48,6 +50,7 @@ def test_bad_value_stops_startup_naming_the_setting(name, value):
     assert "ImproperSetting" in last_line and name in last_line, done.stderr[-500:]
 
 
+@pytest.mark.integration
 def test_secret_read_from_a_missing_file_names_the_setting(tmp_path):
     done = start(SECRET_KEY_FILE=str(tmp_path / "absent"))
     assert done.returncode != 0 and "SECRET_KEY_FILE" in done.stderr

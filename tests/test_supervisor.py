@@ -71,6 +71,7 @@ def test_backoff_doubles_up_to_its_cap() -> None:
     assert [b.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
 
 
+@pytest.mark.integration
 def test_a_killed_child_is_restarted_and_reported_with_its_signal(sink) -> None:
     rec = Recorder()
     sup = Supervisor([ChildSpec("a", SLEEPER), ChildSpec("b", SLEEPER)], backoff=FAST,
@@ -93,6 +94,7 @@ def test_a_killed_child_is_restarted_and_reported_with_its_signal(sink) -> None:
         sup.stop()
 
 
+@pytest.mark.integration
 def test_a_crash_loop_is_reported_once_and_retried_while_the_rest_run(sink) -> None:
     rec = Recorder()
     crasher = [PY, "-c", "import sys; print('bad setting: warp_drive'); sys.exit(3)"]
@@ -114,6 +116,7 @@ def test_a_crash_loop_is_reported_once_and_retried_while_the_rest_run(sink) -> N
         sup.stop()
 
 
+@pytest.mark.integration
 def test_a_failing_child_that_comes_up_recovers(tmp_path: Path, sink) -> None:
     flag = tmp_path / "fixed"
     script = (f"import os, sys, time; sys.exit(1) if not os.path.exists({str(flag)!r}) "
@@ -132,6 +135,7 @@ def test_a_failing_child_that_comes_up_recovers(tmp_path: Path, sink) -> None:
         sup.stop()
 
 
+@pytest.mark.integration
 def test_ready_probe_holds_a_child_in_starting(tmp_path: Path, sink) -> None:
     flag = tmp_path / "ready"
     sup = Supervisor([ChildSpec("r", SLEEPER, ready=lambda pid: flag.exists())], output=sink)
@@ -148,6 +152,7 @@ def test_ready_probe_holds_a_child_in_starting(tmp_path: Path, sink) -> None:
         sup.stop()
 
 
+@pytest.mark.integration
 def test_stop_goes_stage_by_stage_and_kills_what_ignores_its_signal(sink) -> None:
     stubborn = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
                           "print('up', flush=True); time.sleep(600)"]
@@ -166,6 +171,7 @@ def test_stop_goes_stage_by_stage_and_kills_what_ignores_its_signal(sink) -> Non
     assert sup.children["second"].popen.returncode == -signal.SIGKILL
 
 
+@pytest.mark.integration
 def test_what_a_child_started_goes_with_it(sink) -> None:
     # The child starts a grandchild in its process group, prints its pid, then dies: the
     # grandchild must not outlive it (as uvicorn's workers after their master was killed).
@@ -188,6 +194,7 @@ def test_what_a_child_started_goes_with_it(sink) -> None:
         sup.stop()
 
 
+@pytest.mark.integration
 def test_children_die_with_a_supervisor_killed_outright(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time
@@ -215,6 +222,7 @@ def test_children_die_with_a_supervisor_killed_outright(tmp_path: Path) -> None:
         proc.wait()
 
 
+@pytest.mark.integration
 def test_hurry_kills_what_is_left_without_waiting_out_the_timeouts(sink) -> None:
     stubborn = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
                           "print('up', flush=True); time.sleep(600)"]
@@ -228,6 +236,7 @@ def test_hurry_kills_what_is_left_without_waiting_out_the_timeouts(sink) -> None
     assert time.monotonic() - started < 5 and gone(pid)
 
 
+@pytest.mark.integration
 def test_a_child_added_while_others_run_starts_and_a_retired_one_goes_for_good(sink) -> None:
     """What serve does when a pool is added, disabled or changed: the others never stop."""
     rec = Recorder()
@@ -252,6 +261,7 @@ def test_a_child_added_while_others_run_starts_and_a_retired_one_goes_for_good(s
     assert gone(a) and again.pid is not None and gone(again.pid)
 
 
+@pytest.mark.integration
 def test_a_retired_child_that_ignores_its_signal_is_killed_after_its_timeout(sink) -> None:
     stubborn = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
                 " print('up', flush=True); time.sleep(600)"]
@@ -267,6 +277,7 @@ def test_a_retired_child_that_ignores_its_signal_is_killed_after_its_timeout(sin
     assert 0.4 < time.monotonic() - started < 5 and pid is not None and gone(pid)
 
 
+@pytest.mark.integration
 def test_a_child_between_restarts_is_retired_at_once(sink) -> None:
     sup = Supervisor([ChildSpec("c", [PY, "-c", "raise SystemExit(3)"])],
                      backoff=Backoff(base_s=30, cap_s=30), output=sink)

@@ -128,6 +128,7 @@ def test_a_real_model_dir_layout_loads_the_same_way(tmp_path):
     assert load_tokenizer(str(jinja_dir)).render_chat(msgs) == "hi"
 
 
+@pytest.mark.slow
 def test_build_script_is_deterministic_and_committed_files_are_current():
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_sim_tokenizer.py"), "--check"],

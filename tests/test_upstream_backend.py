@@ -350,6 +350,7 @@ def test_an_adapter_is_sent_as_its_model_name_only_for_its_owner() -> None:
 # -- against the vLLM-wire server, in-process --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_wire_server_round_trip_matches_vllms_protocol_where_vllm_imports() -> None:
     from tests.upstream_server import WireServer
     from workers.engine.simulated import SimConfig, SimulatedEngine

@@ -444,6 +444,7 @@ def test_the_registry_needs_a_model_path() -> None:
 
 
 @needs_vllm
+@pytest.mark.integration
 def test_calls_become_vllms_own_prompt_sampling_and_lora_objects() -> None:
     from vllm.lora.request import LoRARequest
     from vllm.sampling_params import RequestOutputKind
@@ -464,6 +465,7 @@ def test_calls_become_vllms_own_prompt_sampling_and_lora_objects() -> None:
 
 
 @needs_vllm
+@pytest.mark.integration
 def test_engine_args_are_accepted_by_vllm() -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -473,6 +475,7 @@ def test_engine_args_are_accepted_by_vllm() -> None:
 
 
 @needs_vllm
+@pytest.mark.integration
 def test_the_stat_logger_is_a_vllm_stat_logger_feeding_load() -> None:
     from vllm.v1.metrics.loggers import StatLoggerBase
     from vllm.v1.metrics.stats import SchedulerStats
@@ -651,6 +654,7 @@ def real_req(rid: str, max_tokens: int = 400, salt: str = "x" * 32, **kw: Any) -
     return EngineRequest(rid, list(IDS), sp, cache_salt=salt, **kw)
 
 
+@pytest.mark.integration
 def test_load_comes_from_the_real_scheduler_stats(vllm_engine: Any) -> None:
     from tests.vllm_fixtures import KV_BYTES
 
@@ -687,6 +691,7 @@ def test_load_comes_from_the_real_scheduler_stats(vllm_engine: Any) -> None:
     assert idle.kv_tokens_used == 0
 
 
+@pytest.mark.integration
 def test_on_this_cpu_the_engine_started_without_a_memory_fraction(vllm_engine: Any) -> None:
     from vllm.platforms import current_platform
 
@@ -701,6 +706,7 @@ def test_on_this_cpu_the_engine_started_without_a_memory_fraction(vllm_engine: A
         "kv_cache_memory_bytes"]
 
 
+@pytest.mark.integration
 def test_unloadable_adapters_fail_their_requests_and_the_real_engine_lives(
         vllm_engine: Any, settings: Any) -> None:
     from tenants.salts import cache_salt
@@ -734,6 +740,7 @@ def test_unloadable_adapters_fail_their_requests_and_the_real_engine_lives(
     assert out["failure"] is None and not vllm_engine.engine._llm.errored
 
 
+@pytest.mark.integration
 def test_the_vocabulary_check_reads_vllms_own_tokenizer_and_model(
         vllm_engine: Any, tmp_path: Path) -> None:
     from tests.vllm_model import write_tiny_model

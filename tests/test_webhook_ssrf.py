@@ -371,7 +371,7 @@ def test_a_dead_receiver_reads_unreachable_without_error_text(world, settings):
     assert alerts.deliver(event.pk) is webhooks.UNREACHABLE
     event.refresh_from_db()
     assert event.webhook_status == "unreachable"
-    assert event.emailed == 1  # the email went out regardless
+    assert event.emailed == 2  # the email went out regardless, to the owner and billing
 
 
 def test_retries_with_backoff_then_stop(world, settings):

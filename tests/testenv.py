@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import base64
 import os
+from typing import Any
+
+import pytest
 
 TEST_ENV = {
     "SECRET_KEY": "test-suite-secret-key-not-for-production-0123456789abcdef",
@@ -26,3 +29,102 @@ TEST_ENV = {
 
 for _name, _value in TEST_ENV.items():
     os.environ.setdefault(_name, _value)
+
+
+# ---- parallel runs (pytest-xdist) ----------------------------------------------------------
+# Each xdist worker ("gw0", "gw1", ...) runs against its own Redis db: the db in REDIS_URL plus
+# the worker's index, so ``redis_client``'s FLUSHDB and the tests that list every key see only
+# their worker's keys. A db, not a key prefix: Celery's broker keys and the tests' own KEYS
+# scans are not prefixed, a db isolates them all. Live processes inherit it
+# (tests/procs.py child_env passes REDIS_URL on). PostgreSQL needs nothing here: pytest-django
+# suffixes the test database per worker (test_<name>_gw0, ...).
+# xdist sets PYTEST_XDIST_WORKER before the worker reads its plugins, so this runs first.
+
+
+def worker_index() -> int:
+    """This xdist worker's index (0 when not under xdist)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") else 0
+
+
+def redis_url_for_worker(url: str, index: int) -> str:
+    """``url`` with its db number moved on by ``index`` (db 0 when it names none)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    path = parts.path.strip("/")
+    db = int(path) if path.isdigit() else 0
+    return urlunsplit(parts._replace(path=f"/{db + index}"))
+
+
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("REDIS_URL"):
+    os.environ["REDIS_URL"] = redis_url_for_worker(os.environ["REDIS_URL"], worker_index())
+
+
+# ---- the unit lane -------------------------------------------------------------------------
+# ``--unit-lane`` runs the tests marked neither ``integration`` nor ``slow`` and fails any of
+# them that starts a process (a subprocess, asyncio's subprocesses, a fork): the markers are
+# what keeps that lane fast, and this keeps them honest.
+UNIT_LANE = "not integration and not slow"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--unit-lane", action="store_true",
+                     help=f"run -m '{UNIT_LANE}' and fail a test there that starts a process")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--unit-lane"):
+        return
+    if config.option.markexpr:
+        config.option.markexpr = f"({config.option.markexpr}) and {UNIT_LANE}"
+    else:
+        config.option.markexpr = UNIT_LANE
+    config.pluginmanager.register(_ProcessGuard(), "unit-lane-guard")
+
+
+class _ProcessGuard:
+    """Refuses every process start while a unit-lane test runs, and fails the test even if
+    it caught the refusal."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def _refuse(self, what: str) -> None:
+        self.started.append(what)
+        raise RuntimeError(f"unit lane: this test started a process ({what}); "
+                           "mark it integration (or slow)")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Any:
+        import subprocess
+
+        guard = self
+        real_execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+        real_fork = os.fork
+
+        def execute_child(popen: Any, args: Any, *rest: Any, **kw: Any) -> None:
+            guard._refuse(f"subprocess {args!r}"[:300])
+
+        def fork() -> int:
+            guard._refuse("os.fork()")
+            return -1
+
+        self.started = []
+        subprocess.Popen._execute_child = execute_child  # type: ignore[attr-defined]
+        os.fork = fork
+        try:
+            yield
+        finally:
+            subprocess.Popen._execute_child = real_execute  # type: ignore[attr-defined]
+            os.fork = real_fork
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        outcome = yield
+        report = outcome.get_result()
+        if self.started and not report.failed:
+            report.outcome = "failed"
+            report.longrepr = ("unit lane: the test started a process and is marked neither "
+                               "integration nor slow:\n  " + "\n  ".join(self.started))
+            self.started = []

@@ -52,9 +52,11 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the integration mark must be there
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses a vLLM fixture may be the one that starts the engine (its setup counts
-    toward pytest-timeout): allow for a busy machine, where a start has taken minutes."""
+    toward pytest-timeout): allow for a busy machine, where a start has taken minutes. It runs
+    vLLM's processes, so it is an integration test wherever it is written."""
     for item in items:
         uses = {"tiny_vllm", "vllm_engine", "vllm_server"} & set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)  # the conformance suite's backend parameter
@@ -62,6 +64,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         backend = params.get("backend", params.get("logprob_backend"))
         if uses or backend in ("vllm", "upstream-vllm-serve"):
             item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 300))
+            item.add_marker(pytest.mark.integration)
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,10 @@ def _common_properties() -> dict[str, Any]:
                                         "description": "The end user (preferred to `user`)."}),
         "prompt_cache_key": _nullable({"type": "string", "maxLength": 256, "description":
                                        "A hint; caching stays within the tenant."}),
+        "fallbacks": {"type": "array", "maxItems": 4, "uniqueItems": True,
+                      "items": {"type": "string", "minLength": 1}, "description":
+                      "Models to fall back to, in order, when this one is overloaded or down "
+                      "(the official client sends it with `extra_body`)."},
         "stream": _nullable({"type": "boolean"}),
         "stream_options": _nullable({
             "type": "object", "additionalProperties": False,

@@ -13,7 +13,7 @@
     if (!response.ok) { meta.textContent = `Could not get a playground key (HTTP ${response.status}).`; return false; }
     const body = await response.json();
     $("pg-key").value = body.key;
-    const until = new Date(body.expires_at).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" });
+    const until = new Date(body.expires_at).toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", timeZoneName: "short" });
     $("pg-minted").textContent = `Using your playground key ${body.masked}, valid until ${until}.`;
     $("pg-minted").hidden = false;
     return true;
