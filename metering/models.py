@@ -1,9 +1,10 @@
 """Usage records (one per request) and hourly rollups. Counts and timings only, never content.
 
 The raw table grows with every request; reports read ``UsageRollup`` (one row per hour, tenant,
-key and model), so nothing user-facing scans ``UsageRecord``. Tenant and key are foreign keys
-without a database constraint: a usage record must be writable even if its tenant or key was
-deleted meanwhile (the bill outlives the key), and the writer must never fail a batch for it.
+key, model and end user), so nothing user-facing scans ``UsageRecord``. Tenant and key are
+foreign keys without a database constraint: a usage record must be writable even if its tenant
+or key was deleted meanwhile (the bill outlives the key),
+and the writer must never fail a batch for it.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class UsageRollup(models.Model):
     tenant = _loose_fk(Tenant)
     api_key = _loose_fk(ApiKey)
     model_name = models.CharField(max_length=128)
+    # Part of the row's key so reports can group by end user (ADR 0022: one row per end user
+    # who made requests that hour, so the table grows with active end users, not with requests).
+    end_user = models.CharField(max_length=256, blank=True, default="")
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0, help_text="Requests that did not end 'ok'.")
     prompt_tokens = models.BigIntegerField(default=0)
@@ -81,7 +85,8 @@ class UsageRollup(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["hour", "tenant", "api_key", "model_name"], name="one_rollup_per_hour_group"
+                fields=["hour", "tenant", "api_key", "model_name", "end_user"],
+                name="one_rollup_per_hour_group_user",
             )
         ]
         indexes = [models.Index(fields=["tenant", "hour"], name="rollup_tenant_hour_idx")]

@@ -1,10 +1,12 @@
-"""Hourly rollups per tenant, key and model, recomputed from the raw records of that hour.
+"""Hourly rollups per tenant, key, model and end user, recomputed from that hour's records.
 
 Recomputing an hour (rather than adding increments) makes the job idempotent: running it twice,
 or after a crash half-way, gives the same rows. The writer marks each hour it inserted records
 for in ``usage:dirty_hours``; the rollup recomputes those hours and unmarks an hour only after
 its rows are committed, so a late record (a writer backlog) still lands in its hour's row.
 One rollup runs at a time (a Redis lease), so two recomputations never interleave their upserts.
+An hour's rows are replaced in one transaction (delete, then insert): a group that no longer
+exists (rows written before end users were part of the key) leaves no stale row to count twice.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ return 0
 
 
 def rollup_hour(hour: datetime) -> int:
-    """Recompute every (tenant, key, model) row for one hour; returns the number of rows."""
+    """Recompute every (tenant, key, model, end user) row for one hour; returns the number of
+    rows."""
     groups = (
         UsageRecord.objects.filter(finished_at__gte=hour, finished_at__lt=hour + timedelta(hours=1))
-        .values("tenant_id", "api_key_id", "model_name")
+        .values("tenant_id", "api_key_id", "model_name", "end_user")
         .annotate(
             n=Count("id"),
             n_err=Count("id", filter=~Q(status=UsageRecord.Status.OK)),
@@ -46,19 +49,17 @@ def rollup_hour(hour: datetime) -> int:
     rows = [
         UsageRollup(
             hour=hour, tenant_id=g["tenant_id"], api_key_id=g["api_key_id"],
-            model_name=g["model_name"], requests=g["n"], errors=g["n_err"],
+            model_name=g["model_name"], end_user=g["end_user"], requests=g["n"],
+            errors=g["n_err"],
             prompt_tokens=g["prompt"], cached_tokens=g["cached"],
             completion_tokens=g["completion"], ttft_ms_sum=g["ttft"], total_ms_sum=g["total"],
         )
         for g in groups
     ]
     with transaction.atomic():
-        UsageRollup.objects.bulk_create(
-            rows, update_conflicts=True,
-            unique_fields=["hour", "tenant", "api_key", "model_name"],
-            update_fields=["requests", "errors", "prompt_tokens", "cached_tokens",
-                           "completion_tokens", "ttft_ms_sum", "total_ms_sum", "updated_at"],
-        )
+        # Readers see the old rows or the new ones, never neither (one transaction).
+        UsageRollup.objects.filter(hour=hour).delete()
+        UsageRollup.objects.bulk_create(rows)
     return len(rows)
 
 

@@ -152,6 +152,19 @@ def test_rollup_is_idempotent_and_takes_late_records(redis_client) -> None:
     assert (row.requests, row.completion_tokens) == (2, 7)
 
 
+def test_rollup_rows_per_end_user_replace_the_hours_old_rows(redis_client) -> None:
+    hour = writer.hour_of(T0)
+    # A row as written before end users were part of the key: it must not be counted again.
+    UsageRollup.objects.create(hour=hour, tenant_id=1, api_key_id=10, model_name="sim-small",
+                               requests=9, completion_tokens=99)
+    push(redis_client, {**record("a", completion=3), "end_user": "alice"},
+         {**record("b", completion=4), "end_user": "alice"},
+         {**record("c", completion=5), "end_user": "bob"}, record("d", completion=6))
+    rollup_usage()
+    rows = {r.end_user: (r.requests, r.completion_tokens) for r in UsageRollup.objects.all()}
+    assert rows == {"alice": (2, 7), "bob": (1, 5), "": (1, 6)}
+
+
 def test_an_hour_marked_again_during_its_rollup_stays_marked(redis_client, monkeypatch) -> None:
     push(redis_client, record("a"))
     flush_usage()

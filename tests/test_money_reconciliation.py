@@ -18,8 +18,9 @@ from tests.factories import make_key
 from tests.worlds import build_world, price, record, roll_up, this_hour
 
 pytestmark = pytest.mark.django_db
-GROUPINGS = [(), ("tenant",), ("key",), ("model",), ("tenant", "model"), ("model", "key"),
-             ("tenant", "key", "model")]
+GROUPINGS = [(), ("tenant",), ("key",), ("model",), ("end_user",), ("tenant", "model"),
+             ("model", "key"), ("tenant", "key", "model"), ("project", "end_user"),
+             ("tenant", "project", "key", "model", "end_user")]
 
 
 def test_allocate_adds_up_to_the_rounded_exact_total():
@@ -41,8 +42,10 @@ def three_keys(redis_client):
     now = this_hour()
     price("sim-small", now - timedelta(days=40), "40", "0", "0")
     keys = [world.keys["owner"], world.keys["member"], make_key(world.tenant, name="third")[0]]
-    roll_up(*[record(world.tenant, key, "sim-small", now, prompt=100, completion=0)
-              for key in keys])
+    # Two end users and one request without one, so an end-user grouping has three rows.
+    roll_up(*[record(world.tenant, key, "sim-small", now, prompt=100, completion=0,
+                     end_user=user)
+              for key, user in zip(keys, ["alice", "bob", ""], strict=True)])
     return world, now
 
 
@@ -93,3 +96,44 @@ def test_reports_group_by_project_and_reconcile(three_keys):
     body = api.get(f"/api/tenants/acme/reports/?start={now.date().isoformat()}"
                    "&group_by=project,model").json()
     assert {r["project"] for r in body["rows"]} == {"(no project)", "web"}
+
+
+def test_reports_group_by_end_user_and_reconcile(three_keys):
+    world, now = three_keys
+    start, end = reports.month_range(now.year, now.month, now.tzinfo)
+    report = reports.build_report(start, end, tenant=world.tenant, group_by=("end_user",))
+    assert [(r.end_user, r.requests, r.cost) for r in report.rows] == [
+        ("(no end user)", 1, Decimal("0.004")), ("alice", 1, Decimal("0.004")),
+        ("bob", 1, Decimal("0.004"))]
+    assert sum(r.amount for r in report.rows) == report.totals[0].amount == Decimal("0.01")
+    api = APIClient()
+    api.force_login(world.users["billing"])
+    body = api.get(f"/api/tenants/acme/reports/?start={now.date().isoformat()}"
+                   "&group_by=end_user,model").json()
+    assert body["group_by"] == ["model", "end_user"]
+    assert {r["end_user"] for r in body["rows"]} == {"(no end user)", "alice", "bob"}
+    assert Decimal(body["totals"][0]["amount"]) == Decimal("0.01")
+    answer = api.get(f"/api/tenants/acme/reports/?start={now.date().isoformat()}"
+                     "&group_by=end_user&file=csv")
+    csv_text = b"".join(answer.streaming_content).decode("utf-8-sig")
+    assert csv_text.splitlines()[0].startswith("end_user,requests")
+    assert "alice" in csv_text and "TOTAL" in csv_text
+
+
+def test_portal_report_and_finance_export_group_by_end_user(three_keys, client):
+    from metering.billing import exports
+
+    world, now = three_keys
+    client.force_login(world.users["billing"])
+    page = client.get(reverse("portal:reports")).content.decode()
+    assert 'value="end_user"' in page
+    response = client.post(reverse("portal:reports"), {
+        "start": (now - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M"),
+        "end": (now + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"),
+        "group_by": ["end_user"], "format": "csv"})
+    lines = b"".join(response.streaming_content).decode("utf-8-sig").splitlines()
+    assert lines[0].startswith("end_user,") and lines[-1].startswith("TOTAL,3,")
+    assert lines[-1].split(",")[5] == "0.01"  # the statement's total
+    job = exports.queue_export(tenant=world.tenant, user=None, start=now - timedelta(days=1),
+                               end=now + timedelta(hours=1), group_by="end_user", fmt="csv")
+    assert job.group_by == "end_user"

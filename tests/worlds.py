@@ -65,12 +65,12 @@ def build_world() -> World:
 
 def record(tenant: Tenant, key: ApiKey | None, model: str, finished: datetime, *,
            prompt: int = 100, cached: int = 0, completion: int = 50, ttft: int | None = 120,
-           status: str = "ok") -> UsageRecord:
+           status: str = "ok", end_user: str = "") -> UsageRecord:
     return UsageRecord.objects.create(
         request_id=f"req-{next(_rid)}", tenant=tenant, api_key=key, model_name=model,
         prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, ttft_ms=ttft,
         total_ms=(ttft or 0) + 500, status=status, started_at=finished - timedelta(seconds=1),
-        finished_at=finished,
+        finished_at=finished, end_user=end_user,
     )
 
 

@@ -212,8 +212,9 @@ class RequestLogEntrySerializer(serializers.ModelSerializer[RequestLogEntry]):
 class UsageRollupSerializer(serializers.ModelSerializer[UsageRollup]):
     class Meta:
         model = UsageRollup
-        fields = ["hour", "api_key", "model_name", "requests", "errors", "prompt_tokens",
-                  "cached_tokens", "completion_tokens", "ttft_ms_sum", "total_ms_sum"]
+        fields = ["hour", "api_key", "model_name", "end_user", "requests", "errors",
+                  "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms_sum",
+                  "total_ms_sum"]
 
 
 class ReportRowSerializer(serializers.Serializer[dict[str, Any]]):
@@ -221,6 +222,7 @@ class ReportRowSerializer(serializers.Serializer[dict[str, Any]]):
     project = serializers.CharField()
     key = serializers.CharField()
     model = serializers.CharField()
+    end_user = serializers.CharField()
     currency = serializers.CharField()
     requests = serializers.IntegerField()
     input_tokens = serializers.IntegerField()

@@ -129,7 +129,8 @@ class ReportForm(forms.Form):
     start = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     end = forms.DateTimeField(widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     group_by = forms.MultipleChoiceField(
-        choices=[(g, g) for g in GROUPS], initial=list(DEFAULT_GROUPS), required=False,
+        choices=[(g, g.replace("_", " ")) for g in GROUPS], initial=list(DEFAULT_GROUPS),
+        required=False,
         widget=forms.CheckboxSelectMultiple,
     )
     format = forms.ChoiceField(choices=[("csv", "CSV"), ("xlsx", "Excel (XLSX)")])

@@ -102,7 +102,7 @@ NAV: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("playground", "Playground", "playground", ()),
     ("reports", "Reports", "reports", ("statement", "export")),
     ("alerts", "Spend alerts", "alerts", ()),
-    ("budgets", "Budgets", "budgets", ()),
+    ("budgets", "Budgets", "budgets", ("projects", "project_edit")),
     ("content_logging", "Content logging", "content_logging", ()),
     ("members", "Members", "members", ()),
     ("tokens", "API tokens", "tokens", ()),

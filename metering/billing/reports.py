@@ -4,8 +4,8 @@ A report covers whole hours, because that is the grain of ``UsageRollup``: every
 starts in ``[start, end)`` with ``start`` floored to its hour, so an ``end`` of "now" includes the
 hour in progress; each rollup row is costed at the price in effect at its hour (prices start on
 the hour, ``Price.clean``), so the cost equals the sum of every record's own cost exactly.
-Rows are grouped by any of tenant, project (the key's project now), key and model, and by
-currency, because amounts in two
+Rows are grouped by any of tenant, project (the key's project now), key, model and end user
+(the request's end user, kept in each rollup row), and by currency, because amounts in two
 currencies are never added together; the totals come one row per currency.
 
 ``cost`` stays exact (it reconciles with the records); ``amount`` is what people read and are
@@ -33,8 +33,9 @@ from metering.billing.spreadsheet import safe_cell, safe_row
 from metering.models import UsageRollup
 from tenants.models import ApiKey, Project, Tenant
 
-GROUPS = ("tenant", "project", "key", "model")
+GROUPS = ("tenant", "project", "key", "model", "end_user")
 DEFAULT_GROUPS = ("tenant", "key", "model")
+NO_END_USER = "(no end user)"
 PROGRESS_EVERY = 1000
 Progress = Callable[[int, int], None]
 
@@ -60,6 +61,7 @@ class ReportRow:
     project: str = ""
     key: str = ""
     model: str = ""
+    end_user: str = ""
     currency: str = ""
     requests: int = 0
     input_tokens: int = 0
@@ -144,15 +146,15 @@ def build_report(
     book = PriceBook(qs.values_list("model_name", flat=True).distinct().order_by())
     groups: dict[tuple[object, ...], ReportRow] = {}
     projects = _key_projects(tenant) if "project" in group_by else {}
-    fields = ("tenant_id", "api_key_id", "model_name", "hour", "requests", "prompt_tokens",
-              "cached_tokens", "completion_tokens")
+    fields = ("tenant_id", "api_key_id", "model_name", "end_user", "hour", "requests",
+              "prompt_tokens", "cached_tokens", "completion_tokens")
     done = 0
-    for tid, kid, model_name, hour, n, prompt, cached, completion in (
+    for tid, kid, model_name, end_user, hour, n, prompt, cached, completion in (
         qs.order_by().values_list(*fields).iterator(chunk_size=2000)
     ):
         cost, currency = book.cost(model_name, hour, prompt, cached, completion)
         ident = {"tenant": tid, "key": kid, "model": model_name,
-                 "project": projects.get(kid)}
+                 "project": projects.get(kid), "end_user": end_user}
         group = (*(ident[g] for g in group_by), currency)
         row = groups.setdefault(group, ReportRow(currency=currency))
         row.add(n, prompt, cached, completion, cost)
@@ -208,8 +210,10 @@ def _label(
             row.key = "(no key)" if kid is None else keys.get(kid, f"(deleted key #{kid})")
         if "model" in position:
             row.model = str(ident[position["model"]])
+        if "end_user" in position:
+            row.end_user = str(ident[position["end_user"]]) or NO_END_USER
     return sorted(groups.values(),
-                  key=lambda r: (r.tenant, r.project, r.key, r.model, r.currency))
+                  key=lambda r: (r.tenant, r.project, r.key, r.model, r.end_user, r.currency))
 
 
 def _allocate_amounts(rows: list[ReportRow]) -> None:
@@ -240,8 +244,8 @@ def _totals(rows: list[ReportRow]) -> list[ReportRow]:
 
 BOM = "\ufeff"
 INT_FORMAT = "#,##0"
-COLUMN_WIDTHS = {"tenant": 24, "project": 24, "key": 36, "model": 24, "cost": 14, "currency": 9,
-                 "note": 44}
+COLUMN_WIDTHS = {"tenant": 24, "project": 24, "key": 36, "model": 24, "end_user": 28,
+                 "cost": 14, "currency": 9, "note": 44}
 
 
 def _text(value: object) -> object:
