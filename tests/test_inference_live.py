@@ -71,6 +71,11 @@ def live(system, redis_client) -> dict[str, Any]:
     # The flush removed the workers' registrations; wait for their next heartbeats.
     procs.wait_for_worker(redis_client, POOL, "live-w1", system["worker"], timeout=10)
     procs.wait_for_worker(redis_client, IDLE_POOL, IDLE_WORKER, timeout=10)
+    # The tables were emptied and refilled: wait until the gateway's catalog (read at most every
+    # couple of seconds) serves both models again, or a test would meet a stale 404.
+    _, plain = tenant_key()
+    procs.wait_until(lambda: {MODEL, IDLE_MODEL} <= listed_models(system["url"], plain), 15,
+                     "the gateway's catalog to list the refilled models")
     return system
 
 
