@@ -12,11 +12,12 @@ import pytest
 from gateway.inference.choices import Assembler, needs_assembler
 from gateway.inference.errors import ApiError
 from gateway.inference.pools import ModelInfo, PoolInfo
-from gateway.inference.requests import InferenceRequest, end_user_id, parse
+from gateway.inference.requests import InferenceRequest, parse
 from gateway.inference.sampling import check_supported, sampling_params
 from gateway.inference.toolparsers import PARSERS, parse_required
 from gateway.inference.tools import constraint
 from serving.tokenization import load_tokenizer
+from tenants.budgets import end_user_of
 
 TOK = load_tokenizer(None)
 WEATHER = {"type": "function", "function": {
@@ -54,8 +55,9 @@ def test_tools_and_tool_choice_parse_to_plain_values() -> None:
 def test_newer_openai_fields_safety_identifier_prompt_cache_key_and_verbosity() -> None:
     req = chat(safety_identifier="end-user-7", prompt_cache_key="k1", user="legacy")
     assert (req.safety_identifier, req.prompt_cache_key) == ("end-user-7", "k1")
-    assert end_user_id(req) == "end-user-7"  # the current name wins over the older one
-    assert end_user_id(chat(user="legacy")) == "legacy" and end_user_id(chat()) is None
+    # The one end-user rule (budgets, usage, logs): the current name wins over the older one.
+    assert end_user_of({"safety_identifier": "end-user-7", "user": "legacy"}, {}) == "end-user-7"
+    assert end_user_of({"user": "legacy"}, {}) == "legacy" and end_user_of({}, {}) == ""
     err = refused(verbosity="low")
     assert (err.status, err.param, err.code) == (400, "verbosity", "unsupported_parameter")
     assert refused(safety_identifier=7).param == "safety_identifier"

@@ -283,6 +283,11 @@ def test_a_lookup_is_not_shared_across_auth_epochs(monkeypatch):
     assert all(f is not None for f in found)
 
 
+async def _until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
 @pytest.mark.django_db(transaction=True)  # lookups from concurrent tasks
 def test_the_leader_going_away_hands_the_lookup_to_a_waiter(monkeypatch):
     """The request doing the shared lookup is cancelled (its client left): a waiter must still
@@ -309,6 +314,9 @@ def test_the_leader_going_away_hands_the_lookup_to_a_waiter(monkeypatch):
             await asyncio.sleep(0.001)
         second = asyncio.ensure_future(aauthenticate(bearer(plaintext)))
         await asyncio.wait_for(following.wait(), 10)  # the second waits on the first's lookup
+        # ... which has begun: a lookup cancelled before its thread picks it up never runs
+        # (that is not the case under test, and a loaded CI machine produced it).
+        await asyncio.wait_for(_until(lambda: bool(calls)), 10)
         first.cancel()  # its client disconnected during the lookup
         await asyncio.sleep(0.05)  # the cancellation reaches the leader and its waiter
         gate.set()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from gateway.inference.errors import (
     ApiError,
@@ -165,21 +165,6 @@ def parse_object(data: dict[str, Any], kind: Kind) -> InferenceRequest:
         response_format=parse_response_format(fields.get("response_format")),
         fallbacks=_fallbacks(fields),
     )
-
-
-class EndUserFields(Protocol):
-    @property
-    def user(self) -> str | None: ...
-
-    @property
-    def safety_identifier(self) -> str | None: ...
-
-
-def end_user_id(req: EndUserFields) -> str | None:
-    """The end user a request is made for, inside its tenant: ``safety_identifier`` (OpenAI's
-    current name), else ``user`` (the older one); None when the client named nobody. The one
-    place that decides it: usage records and end-user budgets key by this value."""
-    return req.safety_identifier or req.user or None
 
 
 MAX_FALLBACKS = 4
