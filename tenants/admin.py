@@ -269,8 +269,9 @@ class TenantAdmin(TenantOnboardingMixin, admin.ModelAdmin):
     list_filter = ["status", "tier", "region", "home_cell", "content_logging"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
-    # Content logging is switched by the tenant's owner only, with its audit row (review 3, N9).
-    readonly_fields = ["content_logging", "created_at", "updated_at"]
+    # Content logging and the response cache store content: the tenant's owner switches them,
+    # with their audit rows (review 3, N9), never staff here.
+    readonly_fields = ["content_logging", "response_cache", "created_at", "updated_at"]
     list_select_related = ["tier"]
     inlines = [QuotaInline, ApiKeyInline]
     actions = ["suspend_selected", "activate_selected"]

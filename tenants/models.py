@@ -419,9 +419,16 @@ class Membership(models.Model):
 
 
 class ContentLoggingChange(models.Model):
-    """Who switched a tenant's content logging on or off, and when. Rows are never edited."""
+    """Who switched one of a tenant's content-storing opt-ins (content logging, the response
+    cache) on or off, and when. Rows are never edited."""
+
+    class Setting(models.TextChoices):
+        CONTENT_LOGGING = "content_logging", "content logging"
+        RESPONSE_CACHE = "response_cache", "response cache"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    setting = models.CharField(max_length=16, choices=Setting.choices,
+                               default=Setting.CONTENT_LOGGING)
     enabled = models.BooleanField()
     changed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
@@ -435,7 +442,8 @@ class ContentLoggingChange(models.Model):
 
     def __str__(self) -> str:
         state = "on" if self.enabled else "off"
-        return f"{self.tenant} content logging {state} by {self.changed_by} at {self.changed_at}"
+        what = self.get_setting_display()
+        return f"{self.tenant} {what} {state} by {self.changed_by} at {self.changed_at}"
 
 
 class ManagementTokenQuerySet(models.QuerySet["ManagementToken"]):

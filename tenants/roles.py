@@ -19,6 +19,7 @@ CAN: dict[str, frozenset[str]] = {
     "alerts": frozenset({OWNER, BILLING}),
     "members": frozenset({OWNER}),  # the portal page and the API
     "content_logging": frozenset({OWNER}),
+    "response_cache": frozenset({OWNER}),  # stores answers: the owner's decision, like logging
     "tokens": frozenset({OWNER}),
     "playground": frozenset({OWNER, MEMBER}),
     "projects": frozenset({OWNER, MEMBER, BILLING}),  # read; owners change them

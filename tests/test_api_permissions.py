@@ -96,6 +96,8 @@ ENDPOINTS = [
     ("get", f"{T}/alerts/events/", None, 200, 403, 200, 404, 404, 404),
     ("get", f"{T}/content-logging/", None, 200, 403, 403, 404, 404, 404),
     ("put", f"{T}/content-logging/set/", {"enabled": True}, 200, 403, 403, 404, 404, 404),
+    ("get", f"{T}/response-cache/", None, 200, 403, 403, 404, 404, 404),
+    ("put", f"{T}/response-cache/set/", {"enabled": True}, 200, 403, 403, 404, 404, 404),
     ("get", f"{T}/fallbacks/", None, 200, 200, 403, 404, 404, 404),
     ("post", f"{T}/fallbacks/", {"model": "sim-other", "fallbacks": ["sim-small"]},
      201, 403, 403, 404, 404, 404),
@@ -204,6 +206,7 @@ MINTS_LASTING_ACCESS = {
     ("patch", f"{T}/members/{{billing_membership}}/"),
     ("delete", f"{T}/members/{{billing_membership}}/"), ("post", f"{T}/invitations/"),
     ("put", f"{T}/content-logging/set/"),  # the tenant's own decision (N9)
+    ("put", f"{T}/response-cache/set/"),  # stores answers: the tenant's decision too
 }
 
 
@@ -326,6 +329,28 @@ def test_only_the_tenants_owner_switches_content_logging(world, client):
     assert owner.put(f"{T}/content-logging/set/", {"enabled": True},
                      format="json").status_code == 200
     assert ContentLoggingChange.objects.get().changed_by == world.users["owner"]
+
+
+
+def test_only_the_tenants_owner_switches_the_response_cache(world, client):
+    """The cache keeps answers: staff switch it neither in the admin nor under a grant."""
+    from tenants.models import ContentLoggingChange, Tenant
+
+    client.force_login(world.users["admin"])
+    form = client.get(f"/admin/tenants/tenant/{world.tenant.pk}/change/").content.decode()
+    assert 'name="response_cache"' not in form
+    granted = _client(world, "granted_owner")
+    assert granted.put(f"{T}/response-cache/set/", {"enabled": True},
+                       format="json").status_code == 403
+    assert Tenant.objects.get(pk=world.tenant.pk).response_cache is False
+    owner = _client(world, "owner")
+    body = owner.put(f"{T}/response-cache/set/", {"enabled": True}, format="json").json()
+    assert body["enabled"] is True and len(body["changes"]) == 1
+    assert owner.put(f"{T}/response-cache/set/", {"enabled": "maybe"},
+                     format="json").status_code == 400
+    assert owner.get(f"{T}/content-logging/").json()["changes"] == []  # its own trail
+    row = ContentLoggingChange.objects.get()
+    assert (row.setting, row.changed_by) == ("response_cache", world.users["owner"])
 
 
 def test_a_grant_reaches_its_tenant_only(world):

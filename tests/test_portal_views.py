@@ -164,6 +164,33 @@ def test_content_logging_switch_is_audited(client, world):
     assert "turned on" in client.get(url).content.decode()
 
 
+def test_the_response_cache_switch_is_audited_and_reaches_the_next_request(client, world):
+    """The owner switches the response cache on the same page; its row names the setting, and
+    the key's next authentication (every gateway's cached principal) sees it on."""
+    from tenants.auth import authenticate
+
+    plaintext = world.plaintexts["owner"]
+    assert not authenticate(f"Bearer {plaintext}").response_cache
+    signed_in(client, world, "owner")
+    url = reverse("portal:content_logging")
+    client.post(url, {"setting": "response_cache", "enabled": "on"})  # unconfirmed: refused
+    assert not Tenant.objects.get(pk=world.tenant.pk).response_cache
+    client.post(url, {"setting": "response_cache", "enabled": "on", "confirm": "on"})
+    tenant = Tenant.objects.get(pk=world.tenant.pk)
+    assert tenant.response_cache and not tenant.content_logging  # only the one it named
+    assert authenticate(f"Bearer {plaintext}").response_cache
+    trail = list(ContentLoggingChange.objects.filter(tenant=world.tenant)
+                 .values_list("setting", "enabled"))
+    assert trail == [("response_cache", True)]
+    assert "response cache turned on" in client.get(url).content.decode()
+    client.post(url, {"setting": "bogus", "enabled": "on", "confirm": "on"})  # refused
+    assert ContentLoggingChange.objects.filter(tenant=world.tenant).count() == 1
+    for seat in ("member", "billing"):  # not their decision
+        signed_in(client, world, seat)
+        assert client.post(url, {"setting": "response_cache", "confirm": "on"}).status_code == 403
+    assert Tenant.objects.get(pk=world.tenant.pk).response_cache
+
+
 def test_small_report_downloads_as_csv(client, world):
     now = this_hour()
     roll_up(record(world.tenant, world.keys["owner"], "sim-small", now, prompt=42))

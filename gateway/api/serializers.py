@@ -427,3 +427,10 @@ class ContentLoggingSerializer(serializers.Serializer[dict[str, Any]]):
     enabled = serializers.BooleanField(help_text="Store prompts and responses (encrypted).")
     retention_days = serializers.IntegerField(read_only=True, allow_null=True)
     changes = ContentLoggingChangeSerializer(many=True, read_only=True)
+
+
+class ResponseCacheSerializer(serializers.Serializer[dict[str, Any]]):
+    enabled = serializers.BooleanField(
+        help_text="Answer a repeated deterministic request (temperature 0 or a seed) from this "
+                  "tenant's own exact-match cache; the cached answers are stored content.")
+    changes = ContentLoggingChangeSerializer(many=True, read_only=True)

@@ -18,7 +18,15 @@ from metering.billing.models import SpendAlert
 from metering.billing.reports import DEFAULT_GROUPS, GROUPS
 from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Project, ServedModel, Tenant
+from tenants.models import (
+    LIMIT_FIELDS,
+    ApiKey,
+    ContentLoggingChange,
+    Membership,
+    Project,
+    ServedModel,
+    Tenant,
+)
 
 GRACE_CHOICES = [
     (0, "Immediately"), (3600, "1 hour"), (86400, "24 hours"), (7 * 86400, "7 days"),
@@ -119,6 +127,11 @@ class RotateForm(forms.Form):
 
 
 class ContentLoggingForm(forms.Form):
+    """One content-storing opt-in switched (``setting``: content logging or the response cache)."""
+
+    setting = forms.ChoiceField(choices=ContentLoggingChange.Setting.choices,
+                                initial=ContentLoggingChange.Setting.CONTENT_LOGGING,
+                                widget=forms.HiddenInput, required=False)
     enabled = forms.BooleanField(required=False)
     confirm = forms.BooleanField(
         required=True, label="I have read what is stored and for how long."

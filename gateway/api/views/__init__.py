@@ -1,7 +1,7 @@
 """Management API viewsets, one module per capability."""
 
 from gateway.api.views.budgets import BudgetViewSet, ProjectViewSet
-from gateway.api.views.content_logging import ContentLoggingViewSet
+from gateway.api.views.content_logging import ContentLoggingViewSet, ResponseCacheViewSet
 from gateway.api.views.finance import ExportJobViewSet, ReportViewSet, SpendAlertViewSet
 from gateway.api.views.keys import ApiKeyViewSet
 from gateway.api.views.members import InvitationViewSet, MembershipViewSet, QuotaViewSet
@@ -21,6 +21,7 @@ __all__ = [
     "ApiKeyViewSet", "BudgetViewSet", "ContentLoggingViewSet", "ExportJobViewSet",
     "InvitationViewSet", "ManagementTokenViewSet", "MembershipViewSet", "PlatformReportView",
     "PoolViewSet", "PriceViewSet", "ProjectViewSet", "QuotaViewSet", "ReportViewSet",
-    "RequestLogViewSet", "RouteViewSet", "ServedModelViewSet", "SpendAlertViewSet",
+    "RequestLogViewSet", "ResponseCacheViewSet", "RouteViewSet", "ServedModelViewSet",
+    "SpendAlertViewSet",
     "TenantFallbackViewSet", "TenantViewSet", "UsageRecordViewSet", "UsageRollupViewSet",
 ]
