@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.inference.pools import ModelInfo, PoolInfo
-from gateway.inference.routes import Router, Target, draw, expected_waits
+from gateway.inference.routes import Router, Target, affinity_key, draw, expected_waits
 from infra.redis_conn import pool_key
 from serving import health
 from tests.procs import arun
@@ -53,6 +53,35 @@ def test_the_draw_leans_away_from_a_long_wait_and_never_picks_an_infinite_one():
     assert abs(picks["b"] / picks["a"] / 4 - 1) < 0.1, picks  # 1/(1+3) against 1/(1+0)
     assert all(draw([target("a"), target("b")], [float("inf"), 0.0], rng).pool.name == "b"
                for _ in range(200))
+
+
+def test_a_prompt_cache_key_sticks_to_one_target_and_keys_still_split_by_weight():
+    targets, waits = [target("a", 3.0), target("b", 1.0), target("c", 1.0)], [0.0, 0.0, 0.0]
+    rng = random.Random(7)
+    key = affinity_key(7, "conversation-42")
+    first = draw(targets, waits, rng, key).pool.name
+    assert all(draw(targets, waits, rng, key).pool.name == first for _ in range(200))
+    keys = [affinity_key(7, f"k{i}") for i in range(6000)]
+    before = {k: draw(targets, waits, rng, k).pool.name for k in keys}
+    picks = Counter(before.values())
+    # A target going away moves only the keys that picked it (rendezvous hashing).
+    after = {k: draw(targets[:2], waits[:2], rng, k).pool.name for k in keys}
+    assert all(after[k] == before[k] for k in keys if before[k] != "c")
+    assert abs(picks["a"] / 6000 - 0.6) < 0.03 and abs(picks["b"] / picks["c"] - 1) < 0.15, picks
+    # A long wait moves the keys away from a target, in proportion (1/(1+3) of its share).
+    moved = Counter(draw(targets, [3.0, 0.0, 0.0], rng, k).pool.name for k in keys)
+    assert abs(moved["a"] / 6000 - 0.75 / 2.75) < 0.03, moved
+    assert affinity_key(7, None) is None and affinity_key(7, "") is None
+    assert affinity_key(7, "k") != affinity_key(8, "k")  # scoped to the tenant (I1)
+
+
+def test_the_router_passes_the_key_to_its_draw(router, redis_client):
+    for pool in ("first", "second", "third"):
+        worker(redis_client, pool, f"w-{pool}", in_flight=0, max_running=4)
+    targets = [target("first"), target("second"), target("third")]
+    sticky = Router("m", router.principal, prompt_cache_key="prefix-1")
+    assert len({arun(sticky._pick_among(targets)).pool.name for _ in range(20)}) == 1
+    assert len({arun(router._pick_among(targets)).pool.name for _ in range(60)}) > 1
 
 
 def test_the_expected_wait_is_the_tenants_own(redis_client):

@@ -505,7 +505,7 @@ class CompletionConsumer(ApiConsumer):
         if resume is not None and req.stream:
             await self._resume(principal, req, *resume)
             return
-        self.router = Router(req.model, principal, req.fallbacks)
+        self.router = Router(req.model, principal, req.fallbacks, req.prompt_cache_key)
         if await self._from_cache(principal, req, data):
             return
         target, prepared = await self._first_target(req)

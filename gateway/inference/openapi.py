@@ -71,7 +71,9 @@ def _common_properties() -> dict[str, Any]:
         "safety_identifier": _nullable({"type": "string", "maxLength": 256,
                                         "description": "The end user (preferred to `user`)."}),
         "prompt_cache_key": _nullable({"type": "string", "maxLength": 256, "description":
-                                       "A hint; caching stays within the tenant."}),
+                                       "Requests sharing a prefix: the same key goes to the "
+                                       "same deployment of a route; caching stays within the "
+                                       "tenant."}),
         "fallbacks": {"type": "array", "maxItems": 4, "uniqueItems": True,
                       "items": {"type": "string", "minLength": 1}, "description":
                       "Models to fall back to, in order, when this one is overloaded or down "

@@ -19,11 +19,17 @@ A ``Router`` holds one request's plan (docs/adr/0024-routes-and-fairness-across-
    not picked again for this request; the next pick moves to the next priority and then to the
    next name in the chain. Retries after failures are capped by the route's ``retries``
    (``ROUTE_RETRIES`` without a route).
+
+A request's ``prompt_cache_key`` (OpenAI's field for requests sharing a long prefix) makes the
+draw sticky: the same key lands on the same pool while its weight and wait allow, where the
+engines' prefix cache already holds that prefix (``_rendezvous``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -189,12 +195,18 @@ async def _waits(targets: Sequence[Target], first: Sequence[Any]) -> list[float]
 
 
 def draw(targets: Sequence[Target], waits: Sequence[float],
-         rng: random.Random | None = None) -> Target:
-    """One target, with probability proportional to weight / (1 + wait)."""
+         rng: random.Random | None = None, affinity: bytes | None = None) -> Target:
+    """One target, with probability proportional to weight / (1 + wait).
+
+    With an ``affinity`` (the tenant's ``prompt_cache_key``), the same key keeps landing on the
+    same target, where its shared prefix is already in the engines' prefix cache; across keys
+    the picks still follow weight / (1 + wait) (``_rendezvous``)."""
     scores = [t.weight / (1.0 + w) for t, w in zip(targets, waits, strict=True)]
     total = sum(scores)
     if total <= 0:
         return targets[0]
+    if affinity is not None:
+        return _rendezvous(targets, scores, affinity)
     x = (rng or random).random() * total
     for t, s in zip(targets, scores, strict=True):
         x -= s
@@ -203,16 +215,41 @@ def draw(targets: Sequence[Target], waits: Sequence[float],
     return targets[-1]
 
 
+def _rendezvous(targets: Sequence[Target], scores: Sequence[float], affinity: bytes) -> Target:
+    """Weighted rendezvous hashing: each target draws a fixed uniform ``u`` from (affinity,
+    pool) and the smallest ``-ln(u) / score`` wins. A key's winner changes only when scores
+    move a lot or targets come and go, and over many keys each target wins in proportion to
+    its score (the minimum of exponentials with rates ``score``)."""
+    def rank(t: Target, score: float) -> float:
+        if score <= 0:
+            return math.inf
+        digest = hashlib.blake2b(affinity + t.pool.name.encode(), digest_size=8).digest()
+        u = (int.from_bytes(digest, "big") + 1) / (2**64 + 1)  # in (0, 1)
+        return -math.log(u) / score
+
+    return min(zip(targets, scores, strict=True), key=lambda ts: rank(*ts))[0]
+
+
+def affinity_key(tenant_id: int, prompt_cache_key: str | None) -> bytes | None:
+    """The tenant's ``prompt_cache_key`` as a routing affinity, scoped to the tenant (I1: two
+    tenants' equal keys are unrelated)."""
+    if not prompt_cache_key:
+        return None
+    return f"{tenant_id}\x00{prompt_cache_key}\x00".encode()
+
+
 # -- one request's plan ------------------------------------------------------------------------
 
 
 class Router:
     """One request's targets across priorities and fallbacks (see the module docstring)."""
 
-    def __init__(self, model: str, principal: Principal, fallbacks: Sequence[str] = ()) -> None:
+    def __init__(self, model: str, principal: Principal, fallbacks: Sequence[str] = (),
+                 prompt_cache_key: str | None = None) -> None:
         self.model = model
         self.principal = principal
         self.request_fallbacks = tuple(fallbacks)
+        self.affinity = affinity_key(principal.tenant_id, prompt_cache_key)
         self.excluded: set[str] = set()  # pools tried (failed or refused) for this request
         self.failures = 0
         self.retries = settings.ROUTE_RETRIES
@@ -282,5 +319,5 @@ class Router:
                 continue
             if len(healthy) == 1:
                 return healthy[0]
-            return draw(healthy, await _waits(healthy, reads))
+            return draw(healthy, await _waits(healthy, reads), affinity=self.affinity)
         return None
