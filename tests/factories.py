@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tenants.models import Pool, Quota, ServedModel, Tenant, Tier
+from catalog.models import Pool, ServedModel
+from tenants.models import Quota, Tenant, Tier
 
 _seq = itertools.count(1)
 

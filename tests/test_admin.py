@@ -9,10 +9,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 from django.urls import reverse
 
+from catalog.models import Pool, ServedModel
 from infra import sealed_once
 from tenants.auth import AuthError, authenticate, clear_cache
 from tenants.keys import hash_key
-from tenants.models import ApiKey, Membership, Pool, Quota, ServedModel, Tenant, Tier
+from tenants.models import ApiKey, Membership, Quota, Tenant, Tier
 from tests.factories import bearer, make_key, make_model, make_pool, make_tenant
 
 KEY_RE = re.compile(r"igw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}")

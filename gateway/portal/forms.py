@@ -13,12 +13,13 @@ from django.core.validators import MaxValueValidator
 from django.db import transaction
 from django.utils import timezone
 
+from catalog.models import ServedModel
+from catalog.visibility import models_for
 from gateway.portal.playground import PLAYGROUND_PREFIX
 from metering.billing.models import SpendAlert
 from metering.billing.reports import DEFAULT_GROUPS, GROUPS
-from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
-from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Project, ServedModel, Tenant
+from tenants.models import LIMIT_FIELDS, ApiKey, Membership, Project, Tenant
 
 GRACE_CHOICES = [
     (0, "Immediately"), (3600, "1 hour"), (86400, "24 hours"), (7 * 86400, "7 days"),
