@@ -37,7 +37,7 @@ def world(admin_user):
 
 
 def _url(model, view, *args):
-    return reverse(f"admin:tenants_{model._meta.model_name}_{view}", args=args)
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
 
 
 @pytest.mark.django_db
