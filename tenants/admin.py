@@ -31,7 +31,7 @@ from django.utils.safestring import SafeString
 
 from infra import sealed_once
 from tenants.admin_onboarding import TenantOnboardingMixin
-from tenants.keys import assign_secret
+from tenants.api_keys import assign_secret
 from tenants.limits import key_cap_errors, quota_errors, quota_table
 from tenants.models import (
     LIMIT_FIELDS,

@@ -218,7 +218,7 @@ class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
 
 
 class ApiKey(models.Model):
-    """An API key. Only an HMAC of it is stored; the key itself is shown once (``tenants.keys``)."""
+    """An API key. Only an HMAC of it is stored; the key is shown once (``tenants.api_keys``)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
@@ -252,7 +252,7 @@ class ApiKey(models.Model):
     response_cache = models.BooleanField(
         default=False, help_text="Opt-in for this key's requests (the tenant's switch turns it "
                                  "on for every key).")
-    # Set when a successor was issued (``tenants.keys.rotate_key``): the key is retiring, works
+    # Set when a successor was issued (``tenants.api_keys.rotate_key``): the key is retiring, works
     # until ``expires_at`` and cannot be rotated again (the successor is the one to rotate).
     rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
 

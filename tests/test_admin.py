@@ -11,8 +11,8 @@ from django.urls import reverse
 
 from catalog.models import Pool, ServedModel
 from infra import sealed_once
+from tenants.api_keys import hash_key
 from tenants.auth import AuthError, authenticate, clear_cache
-from tenants.keys import hash_key
 from tenants.models import ApiKey, Membership, Quota, Tenant, Tier
 from tests.factories import bearer, make_key, make_model, make_pool, make_tenant
 

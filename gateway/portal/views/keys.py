@@ -17,7 +17,7 @@ from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.usage import per_key
 from gateway.portal.views.base import page, secret_page, secret_redirect, take_secret
 from tenants import roles
-from tenants.keys import KeyNotRotatable, issue_key, rotate_key
+from tenants.api_keys import KeyNotRotatable, issue_key, rotate_key
 from tenants.models import ApiKey, ApiKeyQuerySet
 
 

@@ -19,8 +19,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from catalog.models import Pool, ServedModel
+from tenants.api_keys import issue_key
 from tenants.demo import DEMO_EMBED_MODEL, DEMO_MODEL, try_it
-from tenants.keys import issue_key
 from tenants.models import ApiKey, Quota, Tenant, Tier
 
 DEMO_POOL = "sim-local"

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from catalog.models import ServedModel
-from tenants.keys import issue_key
+from tenants.api_keys import issue_key
 from tenants.limits import validate_key_caps
 from tenants.management.options import add_limit_arguments, collect, command_error
 from tenants.models import LIMIT_FIELDS, Tenant
