@@ -34,10 +34,11 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 
+from catalog.models import Pool, ServedModel  # noqa: E402
 from infra.redis_conn import get_redis, key  # noqa: E402
 from metering.keys import pending_key, pool_names  # noqa: E402
-from tenants.keys import issue_key  # noqa: E402
-from tenants.models import Pool, Quota, ServedModel, Tenant, Tier  # noqa: E402
+from tenants.api_keys import issue_key  # noqa: E402
+from tenants.models import Quota, Tenant, Tier  # noqa: E402
 from tests import procs  # noqa: E402
 
 _USAGE = re.compile(rb'"completion_tokens":(\d+)')

@@ -24,8 +24,8 @@ from _http import System, TenantSpec, run_async, sse_post, stream_body
 from infra.redis_conn import get_redis
 from metering.billing.models import Price
 from serving.budgets import UnitPrices
+from tenants.api_keys import issue_key
 from tenants.budgets import counter_key, rule_of, window
-from tenants.keys import issue_key
 from tenants.models import Budget, Tenant
 
 PER_MTOK = Decimal(1000)

@@ -8,7 +8,7 @@ what an idle system costs in the same time (heartbeats), and solves
 
     total = per_request x requests + per_token x tokens
 
-for both runs (``tenants.redis_capacity.solve_cost``). Then prints the plan for each
+for both runs (``catalog.redis_capacity.solve_cost``). Then prints the plan for each
 ``--demand-tpm`` (default: the design's 2 and 20 million output tokens per minute).
 
     python bench/redis_cost.py                        # small: 2 x 200 requests
@@ -55,7 +55,7 @@ REDIS_PROC = start_private_redis()
 import redis  # noqa: E402
 from _http import System, TenantSpec, run_async, sse_post, stream_body  # noqa: E402
 
-from tenants.redis_capacity import plan_redis, render_redis_text, solve_cost  # noqa: E402
+from catalog.redis_capacity import plan_redis, render_redis_text, solve_cost  # noqa: E402
 
 QUOTA = {"input_tpm": 10**9, "output_tpm": 10**9, "concurrent_requests": 100_000,
          "open_streams": 100_000, "ttft_deadline_s": 60, "total_deadline_s": 600}

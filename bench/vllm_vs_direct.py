@@ -54,9 +54,10 @@ import httpx
 import psutil
 from _http import ROOT, percentile, run_async  # sets up Django
 
+from catalog.models import Pool, ServedModel
 from infra.redis_conn import get_redis, key
-from tenants.keys import issue_key
-from tenants.models import Pool, Quota, ServedModel, Tenant, Tier
+from tenants.api_keys import issue_key
+from tenants.models import Quota, Tenant, Tier
 from tests import procs
 from tests.vllm_fixtures import KV_BYTES, TinyModel, VLLMServer, write_tiny
 

@@ -15,7 +15,7 @@ export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 export REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/1}
 echo "==> ruff"
 .venv/bin/ruff check .
-echo "==> mypy --strict (every package: gateway, workers, metering, serving, infra, tenants)"
+echo "==> mypy --strict (every package: gateway, workers, metering, serving, infra, tenants, catalog)"
 DEBUG=true .venv/bin/mypy  # the Django plugin loads the settings: development ones suffice
 echo "==> manage.py check --deploy (production settings, warnings fail)"
 scripts/check_deploy.sh

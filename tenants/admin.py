@@ -1,4 +1,5 @@
-"""Django admin for the platform operator: tenants, quotas, keys, members, models and pools.
+"""Django admin for the platform operator: tenants, quotas, keys and members (models and routes:
+``catalog.admin``; pools: ``workers.admin``).
 
 A key is issued from the API key "add" page (or a tenant's "Issue key" link). The POST parks the
 plaintext in the operator's server-side session and redirects (POST-redirect-GET); the "issued"
@@ -29,11 +30,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from infra import sealed_once
-from tenants import pool_settings
 from tenants.admin_onboarding import TenantOnboardingMixin
-from tenants.admin_planner import CapacityPlanAdminMixin
-from tenants.admin_worker_status import WorkerStatusAdminMixin
-from tenants.keys import assign_secret
+from tenants.api_keys import assign_secret
 from tenants.limits import key_cap_errors, quota_errors, quota_table
 from tenants.models import (
     LIMIT_FIELDS,
@@ -41,14 +39,11 @@ from tenants.models import (
     ApiKey,
     ApiKeyQuerySet,
     Membership,
-    Pool,
     Project,
     Quota,
-    ServedModel,
     Tenant,
     Tier,
 )
-from tenants.pool_status import pool_state
 
 
 @admin.register(Tier)
@@ -62,119 +57,6 @@ class TierAdmin(admin.ModelAdmin):
     @admin.display(description="tenants", ordering="_tenants")
     def tenant_count(self, obj: Tier) -> int:
         return obj._tenants  # type: ignore[attr-defined]
-
-
-@admin.register(ServedModel)
-class ServedModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "engine_model_id", "max_model_len", "kv_kib_per_token", "created_at"]
-    search_fields = ["name", "engine_model_id"]
-    readonly_fields = ["kv_kib_per_token"]
-
-    @admin.display(description="KV cache per token (KiB)")
-    def kv_kib_per_token(self, obj: ServedModel) -> str:
-        return f"{obj.kv_bytes_per_token / 1024:g}"
-
-
-class PoolForm(forms.ModelForm):
-    """``backend_settings`` checked against the chosen backend's keys before saving, with the
-    engine registry's own rules, so a typo is an error naming the key, not a worker that
-    fails to start."""
-
-    class Meta:
-        model = Pool
-        fields = "__all__"
-
-    def clean(self) -> dict[str, Any]:
-        cleaned: dict[str, Any] = super().clean() or {}
-        settings_ = cleaned.get("backend_settings")
-        if "backend_settings" in self.errors or cleaned.get("backend") is None:
-            return cleaned
-        if not isinstance(settings_, dict):
-            self.add_error("backend_settings", "Must be a JSON object, e.g. {\"base_url\": …}.")
-            return cleaned
-        try:
-            pool_settings.check(cleaned.get("name") or "this pool", cleaned["backend"], settings_,
-                                cleaned.get("dedicated_to") is not None)
-        except ValueError as exc:
-            self.add_error("backend_settings", str(exc))
-        return cleaned
-
-
-@admin.register(Pool)
-class PoolAdmin(WorkerStatusAdminMixin, CapacityPlanAdminMixin, admin.ModelAdmin):
-    form = PoolForm
-    list_display = ["name", "model", "region", "cell", "backend", "live", "max_sequences",
-                    "kv_cache_tokens", "dedicated_to", "enabled"]
-    list_filter = ["enabled", "backend", "region", "cell", "model"]
-    search_fields = ["name", "model__name", "region", "dedicated_to__slug"]
-    list_select_related = ["model", "dedicated_to"]
-    autocomplete_fields = ["dedicated_to"]
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [*super().get_readonly_fields(request, obj), "live_status"]
-
-    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        fieldsets = [(name, {**opts, "fields": [f for f in opts["fields"] if f != "live_status"]})
-                     for name, opts in super().get_fieldsets(request, obj)]
-        if obj is None:
-            return fieldsets
-        return [("Live status", {"fields": ["live_status"]}), *fieldsets]
-
-    @admin.display(description="live")
-    def live(self, obj: Pool) -> str:
-        state = pool_state(obj.name)
-        if state is None:
-            return "unknown"
-        alive = len(state.live_workers)
-        return (f"{alive} worker{'' if alive == 1 else 's'} · {state.running:,} running · "
-                f"{state.queued:,} queued")
-
-    @admin.display(description="now")
-    def live_status(self, obj: Pool) -> SafeString:
-        # pool_live.js re-reads the fragment every 5 s, so the page follows without a reload.
-        return format_html('<div id="pool-live-box" data-url="{}">{}</div>',
-                           reverse("admin:tenants_pool_live", args=[obj.pk]),
-                           pool_status_html(obj))
-
-    class Media:
-        js = ["tenants/pool_live.js"]
-
-    def get_urls(self) -> list[Any]:
-        live = path("<int:pk>/live/", self.admin_site.admin_view(self.live_view),
-                    name="tenants_pool_live")
-        return [live, *super().get_urls()]
-
-    def live_view(self, request: HttpRequest, pk: int) -> HttpResponse:
-        pool = get_object_or_404(Pool, pk=pk)
-        if not self.has_view_or_change_permission(request, pool):
-            raise PermissionDenied
-        response = HttpResponse(pool_status_html(pool))
-        response["Cache-Control"] = "no-store"
-        return response
-
-
-def pool_status_html(pool: Pool) -> SafeString:
-    state = pool_state(pool.name)
-    if state is None:
-        return format_html("<p>{}</p>", "Live status unavailable (Redis did not answer).")
-    summary = format_html(
-        '<p id="pool-live">Workers alive: <strong>{}</strong> · queued requests: <strong>{}'
-        "</strong> · running sequences: <strong>{}</strong> of {} · KV cache: <strong>{}%"
-        "</strong> ({} of {} tokens)</p>",
-        len(state.live_workers), f"{state.queued:,}", f"{state.running:,}",
-        f"{state.max_running:,}", state.kv_percent, f"{state.kv_used:,}", f"{state.kv_total:,}")
-    rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{} s ago</td><td>{}</td><td>{}</td>"
-                            "<td>{}</td></tr>", (
-        (w.worker_id, "alive" if w.alive else "missed heartbeats", w.seconds_since_beat,
-         f"{w.running:,} / {w.max_running:,}", f"{w.waiting:,}",
-         f"{w.kv_tokens_used:,} / {w.kv_tokens_total:,}") for w in state.workers))
-    table = format_html(
-        "<table><thead><tr><th>Worker</th><th>State</th><th>Last heartbeat</th><th>Running</th>"
-        "<th>Waiting in engine</th><th>KV tokens</th></tr></thead><tbody>{}</tbody></table>",
-        rows or format_html('<tr><td colspan="6">{}</td></tr>', "No worker has joined."))
-    return format_html("{}{}<p class=\"help\">{} {}.</p>", summary, table,
-                       "Read from the workers' heartbeats at",
-                       f"{timezone.now():%H:%M:%S} UTC, every 5 seconds")
 
 
 admin.site.site_header = "Inference gateway administration"
@@ -531,7 +413,7 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
 
 # Identity providers and client-certificate bindings, and who may act in a tenant (grants,
 # invitations, management tokens), have their own admin modules.
-from tenants import admin_access, admin_routes, admin_signin  # noqa: E402, F401
+from tenants import admin_access, admin_fallbacks, admin_signin  # noqa: E402, F401
 
 # --- sign-in lockouts (django-axes) ---------------------------------------------------------
 

@@ -54,8 +54,8 @@ from django.utils import timezone
 from infra.clientaddr import peer_address
 from infra.redis_conn import get_async_redis, get_redis, key
 from tenants import mtls, oidc
+from tenants.api_keys import candidate_hashes, parse_key
 from tenants.budgets import KeyBudgets, key_budgets
-from tenants.keys import candidate_hashes, parse_key
 from tenants.limits import Limits, quota_table, resolve
 from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
 from tenants.salts import cache_salt

@@ -28,7 +28,7 @@ class Project(models.Model):
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=64)
     allowed_models = models.ManyToManyField(
-        "tenants.ServedModel", blank=True, related_name="+",
+        "catalog.ServedModel", blank=True, related_name="+",
         help_text="Empty = every model the tenant may use. A key in the project uses the "
                   "models both it and its project allow.",
     )

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from django.core.exceptions import ValidationError
 
 if TYPE_CHECKING:
-    from tenants.models import ApiKey, ServedModel, Tenant
+    from catalog.models import ServedModel
+    from tenants.models import ApiKey, Tenant
 
 LIMIT_FIELDS = (
     "input_tpm",

@@ -2,7 +2,7 @@
 
 The distinct prefix lets a secret scanner (and a human) tell a management token from an
 inference key, and a token never parses as an API key, so it cannot call ``/v1/``.
-The body, checksum and HMAC come from ``tenants.keys``.
+The body, checksum and HMAC come from ``tenants.api_keys``.
 
 A token works only while its maker is an active owner of its tenant (checked by
 ``ManagementToken.objects.usable()`` on every authentication, so any way the account, the
@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from tenants.keys import (
+from tenants.api_keys import (
     BODY_LEN,
     CHECKSUM_LEN,
     DISPLAY_BODY_CHARS,

@@ -16,8 +16,8 @@ from django.db import models
 from django.dispatch import Signal
 from django.utils import timezone
 
+from catalog.models import Pool, ServedModel, check_model_names
 from tenants.fingerprints import normalize_fingerprint
-from tenants.geometry import kv_bytes_per_token
 from tenants.limits import (
     LIMIT_FIELDS,
     QUOTA_DEFAULTS,
@@ -49,102 +49,6 @@ class Tier(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (weight {self.weight:g})"
-
-
-class ServedModel(models.Model):
-    """A public model name, the engine's id for it, and the geometry that sizes its KV cache."""
-
-    name = models.SlugField(max_length=128, unique=True, help_text="Name tenants pass as `model`.")
-    engine_model_id = models.CharField(max_length=255, help_text="Model path or id for the engine.")
-    tokenizer_path = models.CharField(
-        max_length=500,
-        blank=True,
-        help_text=(
-            "Directory with tokenizer.json (and chat template); empty = the built-in sim model."
-        ),
-    )
-    max_model_len = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(16)])
-    tool_call_parser = models.CharField(
-        max_length=32, default="hermes",
-        choices=[("hermes", "Hermes <tool_call> JSON (Qwen, Hermes)"),
-                 ("llama3_json", "Llama 3 JSON"), ("mistral", "Mistral [TOOL_CALLS]")],
-        help_text="How this model writes tool calls (parsed for tool_choice auto).",
-    )
-    task = models.CharField(
-        max_length=16, default="generate",
-        choices=[("generate", "Text generation (chat, completions)"),
-                 ("embed", "Embeddings (/v1/embeddings)")],
-        help_text="What the model serves; vLLM pools of an embedding model run its pooling "
-                  "runner.",
-    )
-    num_layers = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1)])
-    num_kv_heads = models.PositiveIntegerField(default=8, validators=[MinValueValidator(1)])
-    head_dim = models.PositiveIntegerField(default=128, validators=[MinValueValidator(1)])
-    bytes_per_value = models.PositiveSmallIntegerField(default=2, validators=[MinValueValidator(1)])
-    parameter_count = models.BigIntegerField(
-        default=8_000_000_000, validators=[MinValueValidator(1)],
-        help_text="Used by the capacity planner to size the weights.",
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["name"]
-        verbose_name = "model"
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(
-            self.num_layers, self.num_kv_heads, self.head_dim, self.bytes_per_value
-        )
-
-
-class Pool(models.Model):
-    """Engine instances serving one model in one region, shared or dedicated to one tenant."""
-
-    class Backend(models.TextChoices):
-        SIMULATED = "simulated", "Simulated engine"
-        VLLM = "vllm", "vLLM (in-process AsyncLLM)"
-        OPENAI_UPSTREAM = "openai_upstream", "OpenAI-compatible upstream server"
-
-    name = models.SlugField(max_length=64, unique=True)
-    model = models.ForeignKey(ServedModel, on_delete=models.PROTECT, related_name="pools")
-    region = models.CharField(max_length=64, default=settings.DEFAULT_REGION)
-    backend = models.CharField(max_length=32, choices=Backend.choices, default=Backend.SIMULATED)
-    backend_settings = models.JSONField(
-        default=dict, blank=True, help_text="Backend-specific settings (rates, URLs, engine args)."
-    )
-    max_sequences = models.PositiveIntegerField(
-        default=64, validators=[MinValueValidator(1)],
-        help_text="Running sequences per engine instance.",
-    )
-    kv_cache_tokens = models.PositiveIntegerField(
-        default=381_000, validators=[MinValueValidator(16)],
-        help_text="Tokens of KV cache per engine instance.",
-    )
-    kv_overcommit = models.FloatField(
-        default=1.0, validators=[MinValueValidator(0.1)],
-        help_text="Dispatch while reserved KV tokens stay under capacity x overcommit.",
-    )
-    dedicated_to = models.ForeignKey(
-        "Tenant", null=True, blank=True, on_delete=models.SET_NULL, related_name="dedicated_pools",
-        help_text="Empty = shared pool. Set = only this tenant's requests are routed here.",
-    )
-    enabled = models.BooleanField(default=True)
-    cell = models.CharField(
-        max_length=64, blank=True, default="",
-        help_text="The cell whose Redis and workers host this pool (docs/adr/0019). Blank: "
-                  "any gateway may route here (a deployment without cells).",
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.model.name}, {self.region})"
 
 
 class TenantQuerySet(models.QuerySet["Tenant"]):
@@ -314,7 +218,7 @@ class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
 
 
 class ApiKey(models.Model):
-    """An API key. Only an HMAC of it is stored; the key itself is shown once (``tenants.keys``)."""
+    """An API key. Only an HMAC of it is stored; the key is shown once (``tenants.api_keys``)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
@@ -348,7 +252,7 @@ class ApiKey(models.Model):
     response_cache = models.BooleanField(
         default=False, help_text="Opt-in for this key's requests (the tenant's switch turns it "
                                  "on for every key).")
-    # Set when a successor was issued (``tenants.keys.rotate_key``): the key is retiring, works
+    # Set when a successor was issued (``tenants.api_keys.rotate_key``): the key is retiring, works
     # until ``expires_at`` and cannot be rotated again (the successor is the one to rotate).
     rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
 
@@ -675,57 +579,6 @@ class ClientCertificate(models.Model):
         self.fingerprint_sha256 = fingerprint
 
 
-class Route(models.Model):
-    """A public model name served by several pools (docs/adr: routes and fairness across pools).
-
-    Its targets are tried by priority (lower first); among the healthy targets of the best
-    priority the gateway picks by weight and by this tenant's expected wait. A retryable
-    failure before the first token is retried on another target, up to ``retries`` times;
-    when every target is unhealthy or overloaded, the ``fallbacks`` (other public model names)
-    are tried in order. A dedicated upstream provider is a pool with the ``openai_upstream``
-    backend: its key is read by its worker from the environment variable its
-    ``backend_settings.api_key_env`` names, never stored here.
-    """
-
-    name = models.CharField(max_length=200, unique=True,
-                            help_text="The public model name clients send.")
-    retries = models.PositiveSmallIntegerField(
-        null=True, blank=True, validators=[MaxValueValidator(5)],
-        help_text="Attempts on other targets after a retryable failure before the first token "
-                  "(empty: the ROUTE_RETRIES setting).")
-    fallbacks = models.JSONField(
-        default=list, blank=True,
-        help_text='Public model names to fall back to, in order, e.g. ["small-model"].')
-    enabled = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
-
-    def clean(self) -> None:
-        check_model_names(self.fallbacks, "fallbacks", exclude=self.name)
-
-
-class RouteTarget(models.Model):
-    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="targets")
-    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="route_targets")
-    weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.001)])
-    priority = models.PositiveSmallIntegerField(
-        default=0, help_text="Lower is tried first; a higher one only when every lower one is "
-                             "unhealthy, overloaded or failed.")
-
-    class Meta:
-        ordering = ["route", "priority", "pool__name"]
-        constraints = [models.UniqueConstraint(fields=["route", "pool"],
-                                               name="route_target_once")]
-
-    def __str__(self) -> str:
-        return f"{self.route.name} -> {self.pool.name} (w {self.weight:g}, p {self.priority})"
-
-
 class TenantFallback(models.Model):
     """A tenant's own fallback order for one public model name, tried before the route's."""
 
@@ -744,18 +597,6 @@ class TenantFallback(models.Model):
 
     def clean(self) -> None:
         check_model_names(self.fallbacks, "fallbacks", exclude=self.model)
-
-
-MAX_FALLBACKS = 4
-
-
-def check_model_names(value: object, field: str, *, exclude: str = "") -> None:
-    """A fallback list: at most MAX_FALLBACKS distinct model names, not the model itself."""
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ValidationError({field: "A list of model names."})
-    if len(value) > MAX_FALLBACKS or len(set(value)) != len(value) or exclude in value:
-        raise ValidationError({field: f"At most {MAX_FALLBACKS} distinct model names, not the "
-                                      "model itself."})
 
 
 from tenants.budget_models import Budget, Project  # noqa: E402  (models of this app)

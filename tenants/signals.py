@@ -21,6 +21,7 @@ from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
 
+from catalog.models import ServedModel
 from tenants.auth import invalidate_principals
 from tenants.management_tokens import revoke_made_by
 from tenants.models import (
@@ -32,7 +33,6 @@ from tenants.models import (
     Membership,
     Project,
     Quota,
-    ServedModel,
     Tenant,
     Tier,
     keys_revoked,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tenants.models import Pool, Quota, ServedModel, Tenant, Tier
+from catalog.models import Pool, ServedModel
+from tenants.models import Quota, Tenant, Tier
 
 _seq = itertools.count(1)
 
@@ -48,7 +49,7 @@ def open_quota(*, streams: int = 100, ttft_s: float = 20.0, total_s: float = 30.
 
 def make_key(tenant: Tenant | None = None, name: str = "test key", **fields):
     """Issue a key through the real service; returns (ApiKey, plaintext)."""
-    from tenants.keys import issue_key
+    from tenants.api_keys import issue_key
 
     return issue_key(tenant or make_tenant(), name, **fields)
 

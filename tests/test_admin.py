@@ -9,10 +9,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
 from django.urls import reverse
 
+from catalog.models import Pool, ServedModel
 from infra import sealed_once
+from tenants.api_keys import hash_key
 from tenants.auth import AuthError, authenticate, clear_cache
-from tenants.keys import hash_key
-from tenants.models import ApiKey, Membership, Pool, Quota, ServedModel, Tenant, Tier
+from tenants.models import ApiKey, Membership, Quota, Tenant, Tier
 from tests.factories import bearer, make_key, make_model, make_pool, make_tenant
 
 KEY_RE = re.compile(r"igw_[0-9A-Za-z]{43}_[0-9A-Za-z]{6}")
@@ -36,7 +37,7 @@ def world(admin_user):
 
 
 def _url(model, view, *args):
-    return reverse(f"admin:tenants_{model._meta.model_name}_{view}", args=args)
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
 
 
 @pytest.mark.django_db

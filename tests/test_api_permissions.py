@@ -13,6 +13,7 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from catalog.models import Pool, Route, RouteTarget, ServedModel
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.management_tokens import issue_token
 from tenants.models import (
@@ -20,11 +21,7 @@ from tenants.models import (
     Budget,
     Invitation,
     ManagementToken,
-    Pool,
     Project,
-    Route,
-    RouteTarget,
-    ServedModel,
     StaffGrant,
     TenantFallback,
 )

@@ -19,8 +19,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from catalog.models import Pool
 from serving.tokenization import load_tokenizer
-from tenants.models import Pool
 from tests import procs, rkeys
 from tests.agents_run import run_weather_agent
 from tests.factories import make_key, make_model, make_tenant

@@ -26,9 +26,9 @@ from pydantic import BaseModel, Field
 
 vf = pytest.importorskip("tests.vllm_fixtures", reason="the real-vLLM fixtures are not here")
 
+from catalog.models import Pool  # noqa: E402
 from infra.redis_conn import get_redis  # noqa: E402
 from serving.tokenization import load_tokenizer  # noqa: E402
-from tenants.models import Pool  # noqa: E402
 from tests import procs, rkeys  # noqa: E402
 from tests.agents_run import run_weather_agent  # noqa: E402
 from tests.factories import make_key, make_model, make_tenant  # noqa: E402

@@ -4,6 +4,8 @@ Every module of the project's packages is parsed with ``ast`` (nothing is import
 
 - an import between two top-level packages follows an allowed direction, so no two packages
   depend on each other;
+- the catalog imports nothing of the project but ``infra``, and no app registers code into a
+  lower package when it starts;
 - the serving core imports no HTTP app and not the worker host;
 - inside ``gateway``, the wiring (settings, URLs, ASGI, Celery) sits above the HTTP apps, and
   the apps above the HTTP plumbing they share, with no two-way pair;
@@ -24,20 +26,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gateway", "serving", "workers", "tenants", "metering", "infra")
+PACKAGES = ("gateway", "serving", "workers", "tenants", "catalog", "metering", "infra")
 
 # What each top-level package may import (besides itself). Read it bottom-up: infra knows
-# nothing, tenants and metering keep the models, serving is the hot path over Redis, workers
-# host the engines, gateway is the HTTP layer and the project's wiring.
+# nothing, the catalog keeps the models, pools and routes, tenants and metering keep the
+# tenancy and usage records, serving is the hot path over Redis, workers host the engines,
+# gateway is the HTTP layer and the project's wiring.
 ALLOWED: dict[str, set[str]] = {
     "infra": set(),
-    "tenants": {"infra"},
-    "metering": {"infra", "tenants"},
-    "serving": {"infra", "tenants", "metering"},
-    "workers": {"infra", "tenants", "serving"},
+    # A pool names its tenant by the string "tenants.Tenant": a relation, not an import.
+    "catalog": {"infra"},
+    "tenants": {"infra", "catalog"},
+    "metering": {"infra", "catalog", "tenants"},
+    "serving": {"infra", "catalog", "tenants", "metering"},
+    "workers": {"infra", "catalog", "tenants", "serving"},
     # Only the wiring may name the worker package (test below): the HTTP apps count tokens and
     # resolve adapters with serving.tokenization and serving.adapters, as the engines do.
-    "gateway": {"infra", "tenants", "metering", "serving", "workers"},
+    "gateway": {"infra", "catalog", "tenants", "metering", "serving", "workers"},
 }
 
 HTTP_APPS = ("gateway.inference", "gateway.api", "gateway.portal", "gateway.contentlog")
@@ -56,10 +61,6 @@ PENDING_LOCAL_IMPORTS: set[tuple[str, str]] = set()
 ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
     ("tenants.apps", "tenants.signals"):
         "Django connects signal receivers in AppConfig.ready(), after the registry is loaded",
-    ("workers.apps", "serving.wfq"):
-        "the pool status page's queue reader is registered in AppConfig.ready()",
-    ("workers.apps", "workers.engine.registry"):
-        "the Pool admin's settings check is registered in AppConfig.ready(), after the registry",
     ("gateway.portal.apps", "gateway.portal.views.invitations"):
         "the sign-in receiver is connected in AppConfig.ready(), after the registry is loaded",
     ("gateway.portal.views.home", "gateway.sso"):
@@ -152,6 +153,7 @@ def test_the_scan_sees_the_project() -> None:
     found = {(i.module, i.target) for i in imports()}
     assert ("serving.submission", "serving.admission") in found
     assert ("workers.host", "serving.wfq") in found
+    assert ("tenants.models", "catalog.models") in found
     assert len(_modules()) > 100
 
 
@@ -179,6 +181,32 @@ def test_the_serving_core_imports_no_http_app_and_not_the_worker_host() -> None:
     wrong = [_where(i) for i in imports() if top(i.module) == "serving"
              and (top(i.target) == "gateway" or i.target.startswith("workers"))]
     assert not wrong
+
+
+def test_the_catalog_imports_only_infra_and_registers_nothing_from_above() -> None:
+    """The catalog is a floor of its own below tenants: its modules read Django and ``infra``
+    only, and no package above hands it code to call (an ``AppConfig.ready()`` registering a
+    checker or a reader is how the old ``tenants.pool_status``/``pool_settings`` hooks worked;
+    what needs the engines or the queue now lives above: ``workers.admin``,
+    ``serving.pool_status``)."""
+    wrong = [_where(i) for i in imports()
+             if top(i.module) == "catalog" and top(i.target) not in {"catalog", "infra"}]
+    assert not wrong, "the catalog imports above its floor:\n" + "\n".join(wrong)
+    # A hook is an app's ready() importing a lower package's code to hand it down.
+    hooks = [_where(i) for i in imports() if i.in_function and i.module.endswith(".apps")
+             and top(i.target) != top(i.module)]
+    assert not hooks, "an app registers code into a lower package:\n" + "\n".join(hooks)
+
+
+def test_the_catalog_keeps_its_tables_and_tenants_keep_no_catalog_model() -> None:
+    """The models moved without their tables (ADR 0034): each keeps the table the tenants app
+    made, and no catalog model is defined in ``tenants`` again."""
+    source = (ROOT / "catalog" / "models.py").read_text()
+    for table in ("tenants_servedmodel", "tenants_pool", "tenants_route", "tenants_routetarget"):
+        assert f'db_table = "{table}"' in source
+    tenants = {node.name for p in (ROOT / "tenants").glob("*models.py")
+               for node in ast.parse(p.read_text()).body if isinstance(node, ast.ClassDef)}
+    assert not tenants & {"ServedModel", "Pool", "Route", "RouteTarget"}
 
 
 def test_no_http_app_imports_the_workers() -> None:

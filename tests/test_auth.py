@@ -22,6 +22,7 @@ from django.db import connection
 from django.utils import timezone
 
 from tenants import auth
+from tenants.api_keys import generate_key
 from tenants.auth import (
     AuthError,
     Principal,
@@ -33,7 +34,6 @@ from tenants.auth import (
     flush_last_used,
     forget_usage,
 )
-from tenants.keys import generate_key
 from tenants.models import ApiKey, Quota, Tenant
 from tests.factories import bearer, make_key, make_model, make_tenant
 

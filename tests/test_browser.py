@@ -34,8 +34,9 @@ from django.urls import reverse
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
+from catalog.models import Pool
 from metering.billing.models import Price
-from tenants.models import ApiKey, Membership, Pool
+from tenants.models import ApiKey, Membership
 from tests import procs
 from tests.factories import make_key, make_model, make_tenant
 from tests.worlds import PASSWORD, make_user, price, record, roll_up, this_hour
@@ -384,7 +385,7 @@ def test_operator_issues_revokes_and_watches_pools_in_the_admin(browser, owner):
     assert page.locator("select[name=action] option[value=delete_selected]").count() == 0
     # A pool's page shows its workers and load, live.
     pool = Pool.objects.get(name=POOL)
-    page.goto(f"{url}/admin/tenants/pool/{pool.pk}/change/")
+    page.goto(f"{url}/admin/catalog/pool/{pool.pk}/change/")
     assert re.search(r"Workers alive: 1\b", page.text_content("#pool-live"))
     assert WORKER in page.content()
     snap(page, "admin-pool")

@@ -17,11 +17,12 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from catalog.models import Pool
 from metering.billing.models import Price
 from serving.budgets import UnitPrices, counter_key
 from serving.tokenization import load_tokenizer
 from tenants.budgets import rule_of, window
-from tenants.models import Budget, Pool
+from tenants.models import Budget
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
 from tests.worlds import price

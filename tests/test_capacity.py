@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from tenants.capacity import PlanError, PlanInput, input_for_pool, plan
+from catalog.capacity import PlanError, PlanInput, input_for_pool, plan
 from tests.factories import make_model, make_pool
 
 # The design's hypothetical model: 8B parameters, 32 layers, 8 KV heads, head dim 128, 16-bit.
@@ -155,9 +155,9 @@ def test_unknown_capacity_settings_on_a_pool_are_named() -> None:
 def test_the_pool_admin_section_shows_the_plan(rf: Any, admin_user: Any) -> None:
     from django.contrib import admin
 
-    from tenants.admin import PoolAdmin
-    from tenants.admin_planner import capacity_plan_html
-    from tenants.models import Pool
+    from catalog.admin_planner import capacity_plan_html
+    from catalog.models import Pool
+    from workers.admin import PoolAdmin
 
     pool = make_pool(make_model("design-8b"), backend_settings={"capacity": {"kv_budget_gb": 50}})
     html = str(capacity_plan_html(pool))
@@ -165,7 +165,7 @@ def test_the_pool_admin_section_shows_the_plan(rf: Any, admin_user: Any) -> None
     assert "11 + 2 spare = 13" in html
 
     model_admin = PoolAdmin(Pool, admin.site)  # the registered admin carries the plan
-    request = rf.get(f"/admin/tenants/pool/{pool.pk}/change/")
+    request = rf.get(f"/admin/catalog/pool/{pool.pk}/change/")
     request.user = admin_user
     response = model_admin.change_view(request, str(pool.pk))
     response.render()
@@ -177,7 +177,7 @@ def test_the_pool_admin_section_shows_the_plan(rf: Any, admin_user: Any) -> None
 
 @pytest.mark.django_db
 def test_the_admin_section_explains_a_pool_it_cannot_plan() -> None:
-    from tenants.admin_planner import capacity_plan_html
+    from catalog.admin_planner import capacity_plan_html
 
     pool = make_pool(make_model("huge", parameter_count=90_000_000_000))
     assert "No plan" in str(capacity_plan_html(pool))

@@ -22,8 +22,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from catalog.models import Pool
 from serving import cells
-from tenants.models import Pool
 from tests import procs
 from tests.cell_redis import CellRedis
 from tests.factories import make_key, make_model, make_tenant

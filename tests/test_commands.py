@@ -15,8 +15,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from catalog.models import Pool, ServedModel
 from tenants.auth import AuthError, authenticate, clear_cache
-from tenants.models import ApiKey, Pool, Quota, ServedModel, Tenant, Tier
+from tenants.models import ApiKey, Quota, Tenant, Tier
 from tests.factories import bearer, make_key, make_model, make_tenant
 
 ROOT = Path(__file__).resolve().parent.parent

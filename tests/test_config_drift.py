@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from catalog.models import Pool, ServedModel
 from infra.redis_conn import get_redis
-from tenants.models import Pool, ServedModel
 from tests import procs
 from tests.factories import make_key, make_model, make_tenant
 

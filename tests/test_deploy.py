@@ -26,7 +26,7 @@ from dockerfile_parse import DockerfileParser
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from tenants.models import Pool
+from catalog.models import Pool
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 

@@ -23,10 +23,10 @@ import httpx
 import pytest
 from django.db import connection
 
+from catalog.models import Pool
 from infra.redis_conn import get_redis
 from metering.models import UsageRecord
 from metering.writer import pending_key, processing_key
-from tenants.models import Pool
 from tests import faults, procs
 from tests.factories import make_key, make_model, make_tenant, open_quota
 

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from catalog.models import Pool
 from infra.redis_conn import get_redis
-from tenants.models import Pool
 from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
 

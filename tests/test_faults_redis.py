@@ -23,9 +23,9 @@ import httpx
 import pytest
 import redis
 
+from catalog.models import Pool
 from infra.redis_conn import key
 from serving.transport import RELAY_OUTAGE_FAIL_S
-from tenants.models import Pool
 from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from catalog.models import Pool
 from serving.settlement import Status, settle
-from tenants.models import Pool
 from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
 from tests.redis_ha import SentinelGroup

@@ -362,7 +362,7 @@ def test_a_spend_alert_on_a_key_fires_and_its_hard_cap_stops_only_that_key(live,
 def test_unknown_and_wrong_keys_take_the_same_time(live) -> None:
     """Medians over many HTTP requests: a key that exists with a wrong secret part must not be
     distinguishable from one that never existed (loose bound: the machine is shared)."""
-    from tenants.keys import BODY_LEN, DISPLAY_BODY_CHARS, checksum
+    from tenants.api_keys import BODY_LEN, DISPLAY_BODY_CHARS, checksum
 
     real_key, plain = make_key(make_tenant())
     prefix, body, _ = plain.split("_")

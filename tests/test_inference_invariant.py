@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
+from catalog.models import Pool
 from infra.redis_conn import get_redis
-from tenants.models import Pool
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 

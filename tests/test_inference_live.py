@@ -21,9 +21,9 @@ import httpx
 import openai
 import pytest
 
+from catalog.models import Pool
 from infra.redis_conn import key
 from serving.tokenization import load_tokenizer
-from tenants.models import Pool
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.prom import value

@@ -29,10 +29,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from catalog.models import Pool
 from metering.billing.models import ExportJob, SpendAlert
 from tenants.auth import clear_cache
 from tenants.management_tokens import issue_token
-from tenants.models import ApiKey, Invitation, ManagementToken, Membership, Pool
+from tenants.models import ApiKey, Invitation, ManagementToken, Membership
 from tenants.salts import cache_salt, platform_salt
 from tests import procs
 from tests.factories import make_model

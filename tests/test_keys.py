@@ -14,9 +14,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from tenants import keys
+from tenants import api_keys as keys
+from tenants.api_keys import ALPHABET, generate_key, hash_key, issue_key, parse_key
 from tenants.auth import AuthError, authenticate, clear_cache, flush_last_used
-from tenants.keys import ALPHABET, generate_key, hash_key, issue_key, parse_key
 from tenants.models import ApiKey
 from tests.factories import bearer, make_key, make_model, make_tenant
 

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 
 from gateway.portal.playground import playground_key
 from tenants import membership
-from tenants.keys import issue_key
+from tenants.api_keys import issue_key
 from tenants.models import ApiKey, Membership
 from tests.factories import make_tenant
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tenants.models import Pool
+from catalog.models import Pool
 from tests import otlp_receiver, procs
 from tests.factories import make_key, make_model, make_tenant
 from tests.prom import value

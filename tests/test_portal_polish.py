@@ -14,13 +14,14 @@ from django.core import mail
 from django.urls import reverse
 from django.utils import timezone
 
+from catalog.models import Pool
 from gateway.contentlog.display import as_messages
 from gateway.portal.playground import PLAYGROUND_KEY_TTL, REUSE_MARGIN, playground_key
 from gateway.portal.templatetags.portal_format import money, num, when
 from metering.billing import alerts
 from metering.billing.models import Price, SpendAlert
 from tenants.auth import clear_cache
-from tenants.models import ApiKey, Pool
+from tenants.models import ApiKey
 from tests import rkeys
 from tests.factories import make_tenant
 from tests.worlds import build_world, price, record, roll_up, this_hour
@@ -172,7 +173,7 @@ def test_alerts_name_their_currency(world, settings):
 
 def test_admin_refuses_unknown_backend_settings_naming_the_key(admin_client, world):
     pool = world.pool
-    url = reverse("admin:tenants_pool_change", args=[pool.pk])
+    url = reverse("admin:catalog_pool_change", args=[pool.pk])
     form = {"name": pool.name, "model": pool.model_id, "region": pool.region,
             "backend": "simulated", "max_sequences": 8, "kv_cache_tokens": 4096,
             "kv_overcommit": 1, "enabled": "on"}
@@ -233,7 +234,7 @@ def test_pool_live_status_from_heartbeats(redis_client, settings):
     import time
 
     from serving import wfq
-    from tenants.pool_status import pool_state
+    from serving.pool_status import pool_state
 
     settings.WORKER_DEAD_AFTER_SECONDS = 5
     now = time.time()

@@ -157,10 +157,10 @@ def test_admin_lists_fit_a_laptop_screen(world):
 
 
 def test_pool_status_refreshes_without_a_reload(world):
-    url = reverse("admin:tenants_pool_live", args=[world.pool.pk])
+    url = reverse("admin:catalog_pool_live", args=[world.pool.pk])
     page = as_user(world, "admin").get(
-        reverse("admin:tenants_pool_change", args=[world.pool.pk])).content.decode()
-    assert f'data-url="{url}"' in page and "tenants/pool_live.js" in page
+        reverse("admin:catalog_pool_change", args=[world.pool.pk])).content.decode()
+    assert f'data-url="{url}"' in page and "workers/pool_live.js" in page
     live = as_user(world, "admin").get(url)
     assert live.status_code == 200 and "Workers alive" in live.content.decode()
     assert as_user(world, "staff").get(url).status_code == 403

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from gateway.portal.playground import playground_key
 from metering.billing.models import Price
+from tenants.api_keys import rotate_key
 from tenants.auth import clear_cache
-from tenants.keys import rotate_key
 from tenants.models import ApiKey
 from tests.factories import make_model, make_pool
 from tests.worlds import build_world, price, this_hour

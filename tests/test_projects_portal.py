@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from tenants.catalog import models_for
+from catalog.visibility import models_for
 from tenants.models import Project, Tenant
 from tests.worlds import build_world
 
@@ -47,7 +47,7 @@ def test_owner_creates_and_edits_a_project_with_allowed_models(client, world):
 
 
 def test_a_project_allows_only_models_the_tenant_may_use(client, world):
-    from tenants.models import ServedModel
+    from catalog.models import ServedModel
 
     usable = set(models_for(world.tenant).values_list("pk", flat=True))
     foreign = ServedModel.objects.exclude(pk__in=usable).values_list("pk", flat=True).first()

@@ -1,4 +1,4 @@
-"""The Redis shard and cell planner's arithmetic (tenants.redis_capacity, manage.py plan_redis)."""
+"""The Redis shard and cell planner's arithmetic (catalog.redis_capacity, manage.py plan_redis)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tenants.redis_capacity import RedisCost, RedisPlanError, plan_redis, solve_cost
+from catalog.redis_capacity import RedisCost, RedisPlanError, plan_redis, solve_cost
 
 # 8 us per token, 800 us per request: with 320 tokens per request, 10.5 us per token in all.
 COST = RedisCost(cpu_s_per_request=800e-6, cpu_s_per_token=8e-6, commands_per_request=100,

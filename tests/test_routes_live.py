@@ -28,13 +28,13 @@ import httpx
 import openai
 import pytest
 
+from catalog.models import Pool, Route, RouteTarget
 from gateway.inference import cache
 from gateway.inference.pools import choose_pool, forget_catalog
 from gateway.inference.routes import Router, forget_routes
 from infra.redis_conn import get_redis
 from serving import response_cache
 from serving.health import breaker_key
-from tenants.models import Pool, Route, RouteTarget
 from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
 

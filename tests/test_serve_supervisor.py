@@ -28,9 +28,9 @@ import psutil
 import pytest
 import redis
 
+from catalog import serve_status
+from catalog.models import Pool
 from infra.redis_conn import get_redis
-from tenants import serve_status
-from tenants.models import Pool
 from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
 
@@ -216,9 +216,9 @@ def test_a_pool_with_a_bad_configuration_is_reported_and_the_others_serve(live, 
     assert re.search(r"worker\[sv-bad\] \(pid \d+\) exited unexpectedly: exit status 1", log)
     assert "worker[sv-bad] keeps exiting" in log
     pool = Pool.objects.get(name=BAD)
-    page = client_admin.get(f"/admin/tenants/pool/{pool.pk}/change/").content.decode()
+    page = client_admin.get(f"/admin/catalog/pool/{pool.pk}/change/").content.decode()
     assert "failing" in page and "warp_drive" in page and "keeps exiting" in page
-    listing = client_admin.get("/admin/tenants/pool/").content.decode()
+    listing = client_admin.get("/admin/catalog/pool/").content.decode()
     assert "failing" in listing and "running" in listing
     completes(url, live["plain"])  # the good pool serves meanwhile
     assert serve.alive()

@@ -24,9 +24,9 @@ import httpx
 import openai
 import pytest
 
+from catalog.models import Pool
 from infra.redis_conn import get_redis
 from serving.tokenization import load_tokenizer
-from tenants.models import Pool
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.vllm_fixtures import KV_BYTES, MAX_MODEL_LEN, TinyModel

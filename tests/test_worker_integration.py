@@ -61,7 +61,7 @@ POOLS = {
 @pytest.fixture(scope="module")
 def pools(django_db_setup, django_db_blocker):
     """Pool rows the worker subprocesses read at start (committed, so they can see them)."""
-    from tenants.models import Pool
+    from catalog.models import Pool
 
     with django_db_blocker.unblock():
         model = make_model("it-sim")
@@ -394,7 +394,7 @@ def test_sigterm_drains_running_sequences_and_leaves_queue_alone(pools, redis_cl
 
 @pytest.mark.django_db(transaction=True)
 def test_serve_starts_gateway_and_pool_workers_then_stops_on_sigterm(redis_client):
-    from tenants.models import Pool
+    from catalog.models import Pool
 
     Pool.objects.update(enabled=False)
     make_pool(make_model("serve-sim"), name="serve-one", backend_settings=SIM)

@@ -18,10 +18,11 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from catalog.models import Pool, ServedModel
 from metering.billing.models import Price
 from metering.models import UsageRecord
 from metering.rollups import rollup_hour
-from tenants.models import ApiKey, Membership, Pool, ServedModel, Tenant
+from tenants.models import ApiKey, Membership, Tenant
 from tests.factories import make_key, make_model, make_pool, make_tenant
 
 PASSWORD = "correct horse battery staple 9"

@@ -11,12 +11,13 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from catalog.models import Pool, ServedModel
+from catalog.visibility import models_for
 from metering.billing.budget_status import status_of
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
 from metering.billing.pricing import PriceBook
 from metering.billing.reports import Report
 from metering.models import RequestLogEntry, UsageRecord, UsageRollup
-from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
 from tenants.models import (
     LIMIT_FIELDS,
@@ -25,10 +26,8 @@ from tenants.models import (
     Invitation,
     ManagementToken,
     Membership,
-    Pool,
     Project,
     Quota,
-    ServedModel,
     Tenant,
 )
 

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 from django.db.models import QuerySet
 
+from catalog.models import Pool, ServedModel
 from gateway.inference.errors import ApiError, model_not_found, unavailable
 from gateway.orm import in_thread
 from infra.pool_workers import queue_live_workers, queue_load
@@ -25,7 +26,6 @@ from infra.redis_conn import get_async_redis, pool_key
 from serving import availability
 from serving.adapters import AdapterCatalog, AdapterConfigError, AdapterNotFound
 from serving.availability import live_pools
-from tenants.models import Pool, ServedModel
 
 log = logging.getLogger(__name__)
 TTL = 2.0

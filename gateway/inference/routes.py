@@ -1,6 +1,6 @@
 """Routes: a public model name served by several targets, and the choice of one per attempt.
 
-A route (``tenants.models.Route``, set in the admin and at ``/api/routes/``) maps a public
+A route (``catalog.models.Route``, set in the admin and at ``/api/routes/``) maps a public
 model name to targets: pools, each with a weight and a priority. Without a route a model's
 targets are the pools that serve it for this tenant (``pools.candidate_pools``), each with
 weight 1 and priority 0: today's behaviour, with health checks and retries added.
@@ -39,6 +39,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
+from catalog.models import Route
 from gateway.inference.errors import ApiError, model_not_found, unavailable
 from gateway.inference.pools import PoolInfo, candidate_pools, catalog, not_served
 from gateway.orm import in_thread
@@ -46,7 +47,7 @@ from infra.pool_workers import queue_live_workers, queue_load
 from infra.redis_conn import get_async_redis, pool_key
 from serving import health
 from tenants.auth import Principal
-from tenants.models import Route, TenantFallback
+from tenants.models import TenantFallback
 
 log = logging.getLogger(__name__)
 TTL = 2.0

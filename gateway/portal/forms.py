@@ -13,10 +13,11 @@ from django.core.validators import MaxValueValidator
 from django.db import transaction
 from django.utils import timezone
 
+from catalog.models import ServedModel
+from catalog.visibility import models_for
 from gateway.portal.playground import PLAYGROUND_PREFIX
 from metering.billing.models import SpendAlert
 from metering.billing.reports import DEFAULT_GROUPS, GROUPS
-from tenants.catalog import models_for
 from tenants.limits import key_cap_errors, quota_table
 from tenants.models import (
     LIMIT_FIELDS,
@@ -24,7 +25,6 @@ from tenants.models import (
     ContentLoggingChange,
     Membership,
     Project,
-    ServedModel,
     Tenant,
 )
 

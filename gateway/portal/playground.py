@@ -19,7 +19,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from tenants.keys import issue_key
+from tenants.api_keys import issue_key
 from tenants.membership import PLAYGROUND_PREFIX as PLAYGROUND_PREFIX
 from tenants.models import ApiKey, Tenant
 

@@ -15,12 +15,13 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from catalog.models import ServedModel
 from metering.billing.budget_status import status_of
 from metering.billing.models import AlertEvent, ExportJob, Price, SpendAlert
 from metering.billing.money import format_money, format_rate
 from metering.billing.reports import build_report
 from tenants.admin import TenantAdmin
-from tenants.models import Budget, ServedModel, Tenant
+from tenants.models import Budget, Tenant
 
 _M = TypeVar("_M", bound=Model)
 

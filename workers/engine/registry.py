@@ -6,7 +6,7 @@ here, by name and type, before anything starts, so a typo fails the worker's sta
 message naming the pool and the key instead of a traceback from deep inside an engine.
 
 Keys every backend accepts:
-- ``capacity``: planner inputs for this pool (``tenants.capacity.POOL_PLAN_KEYS``);
+- ``capacity``: planner inputs for this pool (``catalog.capacity.POOL_PLAN_KEYS``);
 - ``lora`` (vllm, openai_upstream): ``{"enabled", "max_loras", "max_lora_rank", "adapter_root",
   "adapters": [{"name", "tenant_id", "path", "upstream_model"}]}`` (``serving.adapters``).
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from catalog.models import Pool
 from serving.adapters import AdapterCatalog, AdapterConfigError
-from tenants.models import Pool
 from workers.engine.base import Engine
 from workers.engine.simulated import Fault, SimConfig, SimulatedEngine
 from workers.engine.upstream import UpstreamEngine, UpstreamSettings
@@ -246,7 +246,7 @@ def _upstream(spec: EngineSpec, clock: Any) -> Engine:
 
 def check_pool_settings(name: str, backend: str, backend_settings: dict[str, Any],
                         dedicated: bool) -> None:
-    """The Pool admin's check (``tenants.pool_settings``): ValueError naming the bad key."""
+    """The Pool admin's check (``workers.admin``, ``create_pool``): ValueError naming the key."""
     spec = EngineSpec(name=name, backend=backend, backend_settings=backend_settings,
                       dedicated=dedicated)
     try:

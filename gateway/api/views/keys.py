@@ -17,7 +17,7 @@ from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.views.base import TenantScoped
 from tenants import roles
-from tenants.keys import KeyNotRotatable, issue_key, rotate_key
+from tenants.api_keys import KeyNotRotatable, issue_key, rotate_key
 from tenants.models import ApiKey
 
 

@@ -13,11 +13,11 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from catalog.visibility import models_for
 from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.views.base import TenantScoped
 from tenants import invitations, membership
-from tenants.catalog import models_for
 from tenants.limits import effective_limits
 from tenants.models import Invitation, Membership, Quota
 

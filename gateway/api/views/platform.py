@@ -20,6 +20,8 @@ from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from catalog.models import Pool, ServedModel
+from catalog.visibility import models_for
 from gateway.api import access
 from gateway.api import serializers as s
 from gateway.api.filters import TIME_PARAMS, time_range
@@ -33,8 +35,7 @@ from metering.billing import reports
 from metering.billing.downloads import report_response
 from metering.billing.models import Price
 from metering.models import UsageRecord
-from tenants.catalog import models_for
-from tenants.models import Pool, ServedModel, Tenant
+from tenants.models import Tenant
 
 
 def _staff_view(request: Request, model: type[Model]) -> bool:

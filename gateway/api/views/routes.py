@@ -12,9 +12,10 @@ from rest_framework import serializers, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import SAFE_METHODS
 
+from catalog.models import Pool, Route, RouteTarget, check_model_names
 from gateway.api import access
 from gateway.api.views.base import ReadForMembersWriteWithPermission, TenantScoped
-from tenants.models import Pool, Route, RouteTarget, TenantFallback, check_model_names
+from tenants.models import TenantFallback
 
 
 class RouteTargetSerializer(serializers.ModelSerializer[RouteTarget]):

@@ -9,6 +9,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 
+from catalog.visibility import models_for
 from gateway.portal.forms import KeyEditForm, KeyForm, RotateForm
 from gateway.portal.playground import is_playground_key
 from gateway.portal.snippets import base_url, snippets
@@ -16,8 +17,7 @@ from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.usage import per_key
 from gateway.portal.views.base import page, secret_page, secret_redirect, take_secret
 from tenants import roles
-from tenants.catalog import models_for
-from tenants.keys import KeyNotRotatable, issue_key, rotate_key
+from tenants.api_keys import KeyNotRotatable, issue_key, rotate_key
 from tenants.models import ApiKey, ApiKeyQuerySet
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from django.http import HttpResponse
 from django.utils import timezone
 
+from catalog.visibility import models_for
 from gateway.portal.snippets import base_url, snippets
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from gateway.portal.views.keys import visible_keys
 from metering.billing.pricing import PriceBook
 from tenants import roles
-from tenants.catalog import models_for
 
 
 @tenant_view("overview")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_POST
 
+from catalog.visibility import models_for
 from gateway.portal.playground import PLAYGROUND_KEY_TTL, playground_key
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
-from tenants.catalog import models_for
 
 
 @tenant_view("playground")

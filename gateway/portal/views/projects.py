@@ -14,10 +14,10 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils.text import slugify
 
+from catalog.visibility import models_for
 from gateway.portal.tenancy import TenantRequest, tenant_view
 from gateway.portal.views.base import page
 from tenants import roles
-from tenants.catalog import models_for
 from tenants.models import Project, Tenant
 
 ONLY_OWNERS = "Only an owner changes projects and the end-user header."

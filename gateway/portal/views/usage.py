@@ -12,6 +12,7 @@ from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
+from catalog.visibility import models_for
 from gateway.portal import usage, usage_range
 from gateway.portal.charts import chart
 from gateway.portal.tenancy import TenantRequest, tenant_view
@@ -22,7 +23,6 @@ from metering.billing import reports
 from metering.billing.downloads import report_response
 from metering.billing.models import SpendAlert
 from tenants import roles
-from tenants.catalog import models_for
 from tenants.limits import effective_limits
 
 

@@ -18,9 +18,10 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from catalog.models import Pool, ServedModel
+from tenants.api_keys import issue_key
 from tenants.demo import DEMO_EMBED_MODEL, DEMO_MODEL, try_it
-from tenants.keys import issue_key
-from tenants.models import ApiKey, Pool, Quota, ServedModel, Tenant, Tier
+from tenants.models import ApiKey, Quota, Tenant, Tier
 
 DEMO_POOL = "sim-local"
 DEMO_EMBED_POOL = "sim-embed-local"

@@ -9,10 +9,11 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from tenants.keys import issue_key
+from catalog.models import ServedModel
+from tenants.api_keys import issue_key
 from tenants.limits import validate_key_caps
 from tenants.management.options import add_limit_arguments, collect, command_error
-from tenants.models import LIMIT_FIELDS, ServedModel, Tenant
+from tenants.models import LIMIT_FIELDS, Tenant
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import QuerySet
 
-from tenants.keys import candidate_hashes, parse_key
+from tenants.api_keys import candidate_hashes, parse_key
 from tenants.models import ApiKey
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenants.capacity import PlanError, PlanInput, input_for_pool, plan, render_text
-from tenants.models import Pool
+from catalog.capacity import PlanError, PlanInput, input_for_pool, plan, render_text
+from catalog.models import Pool
 
 # flag dest -> PlanInput field
 _FLAGS = {

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenants.redis_capacity import (
+from catalog.redis_capacity import (
     RedisCost,
     RedisPlanError,
     plan_redis,

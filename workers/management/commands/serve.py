@@ -7,7 +7,7 @@ the periodic tasks (the janitor, usage flush, rollups, content-log drain) whethe
 pool worker is alive, and Celery beat that schedules them.
 
 A child that exits is restarted with backoff and its exit is logged (the pool's admin page
-shows it too, ``tenants.serve_status``); one that keeps exiting is reported as failing and
+shows it too, ``catalog.serve_status``); one that keeps exiting is reported as failing and
 retried, while the rest keep serving. Only Ctrl-C or SIGTERM stops everything, in order:
 the pool workers drain (at most ``WORKER_DRAIN_SECONDS``), then the gateways end the streams
 still open with a retryable error (at most ``GATEWAY_SHUTDOWN_SECONDS``), then beat and the
@@ -37,13 +37,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 
+from catalog import serve_status
+from catalog.models import Pool
 from infra import embedded_redis
 from infra.pool_workers import workers_key
 from infra.redis_conn import get_redis, redis_url
 from infra.uvicorn_command import uvicorn_argv
-from tenants import serve_status
 from tenants.demo import try_it
-from tenants.models import Pool
 from workers.supervisor import Child, ChildSpec, State, Supervisor
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""A pool's live state, read from Redis for the admin: workers, queue depth, running
-sequences, KV cache use.
+"""A pool's live state, read from Redis for the Pool admin (``workers.admin``): workers, queue
+depth, running sequences, KV cache use.
 
 Workers publish this themselves (``workers.host``: heartbeat scores in ``workers:{pool}``, a
 load hash in ``worker:{id}:load`` that expires when the worker stops beating); the queue depth
@@ -10,7 +10,6 @@ page.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ from django.conf import settings
 
 from infra.pool_workers import load_key, workers_key
 from infra.redis_conn import get_redis
+from serving.wfq import Wfq
 
 
 @dataclass
@@ -64,16 +64,6 @@ class PoolState:
         return round(100 * self.kv_used / self.kv_total, 1) if self.kv_total else 0.0
 
 
-# The pool's queue is the serving core's (serving.wfq), which sits above tenants: the workers
-# app registers its reader here when Django starts (workers.apps).
-Backlog = Callable[[Any, str], dict[str, int]]
-_backlog: list[Backlog] = []
-
-
-def register_backlog(reader: Backlog) -> None:
-    _backlog[:] = [reader]
-
-
 def _int(raw: dict[Any, Any], name: str) -> int:
     try:
         return int(float(raw.get(name.encode(), b"0")))
@@ -101,7 +91,7 @@ def pool_state(pool_name: str) -> PoolState | None:
                 kv_tokens_total=_int(load, "kv_tokens_total"),
                 draining=bool(_int(load, "draining")),
             ))
-        state.queued_by_tenant = _backlog[0](client, pool_name) if _backlog else {}
+        state.queued_by_tenant = Wfq(client).backlog(pool_name)
         state.queued = sum(state.queued_by_tenant.values())
         return state
     except Exception:  # the admin page renders without live numbers

@@ -2,10 +2,11 @@
 (``create_model``, ``change_model``, ``create_pool``, ``change_pool``).
 
 Every change goes through the model's own validation (``full_clean``) and the backend's
-settings checker (``tenants.pool_settings``, the one the admin uses), so a command refuses what
-the admin would, with one line naming the option. Saving sends the usual signals; running
-gateways read the pool table within a few seconds, and ``serve`` starts a new pool's worker
-on its next start (or run one with ``celery -A gateway worker --engine-pool NAME``).
+settings check (``workers.engine.registry.check_pool_settings``, the one the admin uses), so a
+command refuses what the admin would, with one line naming the option. Saving sends the usual
+signals; running gateways read the pool table within a few seconds, and ``serve`` starts a new
+pool's worker on its next start (or run one with ``celery -A gateway worker --engine-pool
+NAME``). The commands live with the workers because that check is the engines'.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 from django.db import models
 
-from tenants import pool_settings
+from catalog.models import Pool, ServedModel
 from tenants.management.options import command_error
-from tenants.models import Pool, ServedModel, Tenant
+from tenants.models import Tenant
+from workers.engine.registry import check_pool_settings
 
 MODEL_FIELDS = {  # option dest -> (type, help)
     "engine_model_id": (str, "model path or id for the engine (default: the name)"),
@@ -97,7 +99,7 @@ def save_pool(pool: Pool) -> None:
     _clean(pool, {"name": "name", "model": "--model", "dedicated_to": "--dedicated-to",
                   "backend_settings": "--set"})
     try:  # the backend's own rules, once the fields themselves are valid
-        pool_settings.check(pool.name, pool.backend, dict(pool.backend_settings or {}),
+        check_pool_settings(pool.name, pool.backend, dict(pool.backend_settings or {}),
                             pool.dedicated_to_id is not None)
     except ValueError as exc:
         raise CommandError(f"--set: {exc}") from None

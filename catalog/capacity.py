@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenants.geometry import kv_bytes_per_token, kv_tokens_in_memory
+from catalog.geometry import kv_bytes_per_token, kv_tokens_in_memory
 
 GB = 10**9
 KIB = 1024
@@ -190,7 +190,7 @@ POOL_PLAN_KEYS = frozenset({
 
 
 def input_for_pool(pool: Any, **overrides: Any) -> PlanInput:
-    """Planner inputs from a ``tenants.models.Pool`` (its model's geometry) plus overrides."""
+    """Planner inputs from a ``catalog.models.Pool`` (its model's geometry) plus overrides."""
     m = pool.model
     settings = dict(pool.backend_settings or {})
     stored = settings.get("capacity") or {}

@@ -28,7 +28,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from tenants.models import LIMIT_FIELDS, ApiKey, ServedModel, Tenant
+from catalog.models import ServedModel
+from tenants.models import LIMIT_FIELDS, ApiKey, Tenant
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User

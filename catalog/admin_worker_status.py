@@ -1,6 +1,6 @@
 """The Pool admin shows how ``manage.py serve`` finds the pool's worker process.
 
-``tenants.serve_status`` holds what serve last reported (starting, running, restarting after an
+``catalog.serve_status`` holds what serve last reported (starting, running, restarting after an
 exit, failing: exited again and again), how the worker's last run ended and the last lines it
 printed, e.g. the engine's complaint about a bad ``backend_settings`` entry. The change page
 shows it in full (and a warning while the worker is failing), the list a one-word state.
@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from tenants import serve_status
+from catalog import serve_status
 
 NOT_REPORTED = "not run by manage.py serve"
 

@@ -1,5 +1,7 @@
-"""Admin pages for routes (a public model name over several pools) and tenants' own fallback
-orders (docs/adr/0024-routes-and-fairness-across-pools.md)."""
+"""Django admin for the catalog: the served models and the routes over their pools
+(docs/adr/0024-routes-and-fairness-across-pools.md). The Pool admin shows what the workers
+report and checks settings with the engines' rules, so it lives with them (``workers.admin``).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +9,18 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from tenants.models import Route, RouteTarget, TenantFallback
+from catalog.models import Route, RouteTarget, ServedModel
+
+
+@admin.register(ServedModel)
+class ServedModelAdmin(admin.ModelAdmin):
+    list_display = ["name", "engine_model_id", "max_model_len", "kv_kib_per_token", "created_at"]
+    search_fields = ["name", "engine_model_id"]
+    readonly_fields = ["kv_kib_per_token"]
+
+    @admin.display(description="KV cache per token (KiB)")
+    def kv_kib_per_token(self, obj: ServedModel) -> str:
+        return f"{obj.kv_bytes_per_token / 1024:g}"
 
 
 class RouteTargetInline(admin.TabularInline):
@@ -32,10 +45,3 @@ class RouteAdmin(admin.ModelAdmin):
     def target_list(self, obj: Route) -> str:
         return "; ".join(f"{t.pool.name}: {t.weight:g}, p{t.priority}"
                          for t in obj.targets.all())
-
-
-@admin.register(TenantFallback)
-class TenantFallbackAdmin(admin.ModelAdmin):
-    list_display = ["tenant", "model", "fallbacks", "updated_at"]
-    search_fields = ["tenant__slug", "model"]
-    autocomplete_fields = ["tenant"]

@@ -6,7 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenants.management.catalog_options import (
+from catalog.models import Pool
+from workers.management.catalog_options import (
     POOL_FIELDS,
     add_field_arguments,
     add_setting_arguments,
@@ -17,7 +18,6 @@ from tenants.management.catalog_options import (
     save_pool,
     tenant_slug,
 )
-from tenants.models import Pool
 
 
 class Command(BaseCommand):

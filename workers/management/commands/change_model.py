@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from tenants.management.catalog_options import (
+from workers.management.catalog_options import (
     MODEL_FIELDS,
     add_field_arguments,
     apply_fields,

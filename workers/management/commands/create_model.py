@@ -6,14 +6,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenants.management.catalog_options import (
+from catalog.models import ServedModel
+from workers.management.catalog_options import (
     MODEL_FIELDS,
     add_field_arguments,
     apply_fields,
     describe_model,
     save_model,
 )
-from tenants.models import ServedModel
 
 
 class Command(BaseCommand):

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db.models import Q, QuerySet
+from django.db.models import Model, Q, QuerySet
 
-from tenants.models import ServedModel, Tenant
+from catalog.models import ServedModel
 
 
-def models_for(tenant: Tenant | Iterable[int]) -> QuerySet[ServedModel]:
+def models_for(tenant: Model | Iterable[int]) -> QuerySet[ServedModel]:
     """Models with an enabled pool the tenant(s) may be routed to: shared, or dedicated to it.
 
     A model served only by another tenant's dedicated pool is not here: to this tenant it does
-    not exist.
+    not exist. ``tenant`` is a ``tenants.Tenant`` or tenant ids (the catalog imports no tenants
+    code: a pool names its tenant by id).
     """
-    ids = [tenant.pk] if isinstance(tenant, Tenant) else list(tenant)
+    ids = [tenant.pk] if isinstance(tenant, Model) else list(tenant)
     return ServedModel.objects.filter(
         Q(pools__dedicated_to__isnull=True) | Q(pools__dedicated_to_id__in=ids),
         pools__enabled=True,

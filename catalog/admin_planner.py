@@ -1,8 +1,8 @@
 """A read-only "capacity plan" section for the Pool admin's change page.
 
-Wire it into ``PoolAdmin`` (``tenants/admin.py``)::
+Wire it into ``PoolAdmin`` (``workers/admin.py``)::
 
-    from tenants.admin_planner import CapacityPlanAdminMixin
+    from catalog.admin_planner import CapacityPlanAdminMixin
 
     @admin.register(Pool)
     class PoolAdmin(CapacityPlanAdminMixin, admin.ModelAdmin):
@@ -12,7 +12,7 @@ The mixin adds a read-only ``capacity_plan`` field in its own collapsed fieldset
 arithmetic for this pool's model (KV bytes per token, tokens in memory, sequences at the
 average context, replicas for the demand, the cost of one long prompt) and the values to put
 in ``kv_cache_tokens`` / ``max_sequences``. Accelerator size, decode rate and demand come from
-``backend_settings["capacity"]`` (``tenants.capacity.POOL_PLAN_KEYS``), else the design's.
+``backend_settings["capacity"]`` (``catalog.capacity.POOL_PLAN_KEYS``), else the design's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from tenants.capacity import KIB, PlanError, input_for_pool, plan
+from catalog.capacity import KIB, PlanError, input_for_pool, plan
 
 
 def capacity_plan_html(pool: Any) -> SafeString:
