@@ -23,10 +23,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from serving.schema_depth import Depths, implied_type, least_ranked, resolve
 from serving.schema_limits import SchemaError as SchemaError
 from serving.schema_limits import check_bounds
 
 MAX_DEPTH = 12  # nesting beyond this (recursive $refs) ends in the shortest valid value
+HARD_DEPTH = 100  # below MAX_DEPTH, steps on the way to the shortest value (schema_depth)
 OPTIONAL_PROPERTY_CHANCE = 0.5
 _UNSUPPORTED = ("pattern", "patternProperties", "not", "if", "dependentSchemas")
 
@@ -38,6 +40,10 @@ def check_schema(schema: Any, *, engine: bool = True) -> None:
     each object is checked once however many paths or $refs reach it."""
     check_bounds(schema)
     _Walk(schema, engine).run()
+    if Depths(schema).rank(schema) is None:
+        raise SchemaError("the schema admits no finite value: it requires itself without end "
+                          "(a $ref that leads back to itself, or a required property or "
+                          "minItems that does)")
 
 
 _COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
@@ -95,7 +101,7 @@ class _Walk:
         out: list[Any] = []
         ref = node.get("$ref")
         if isinstance(ref, str):
-            out.append(_resolve(self.root, ref))
+            out.append(resolve(self.root, ref))
         for key in ("properties", "$defs", "definitions"):
             group = node.get(key)
             if group is not None and not isinstance(group, dict):
@@ -110,18 +116,6 @@ class _Walk:
             if isinstance(node.get(key), dict):
                 out.append(node[key])
         return out
-
-
-def _resolve(root: Any, ref: str) -> Any:
-    if not ref.startswith("#"):
-        raise SchemaError(f"only local $ref is supported, not {ref!r}")
-    node = root
-    for part in ref.lstrip("#").strip("/").split("/") if ref != "#" else ():
-        part = part.replace("~1", "/").replace("~0", "~")
-        if not isinstance(node, dict) or part not in node:
-            raise SchemaError(f"$ref {ref!r} does not resolve")
-        node = node[part]
-    return node
 
 
 class JsonSampler:
@@ -142,6 +136,7 @@ class JsonSampler:
         self.budget = budget
         self.spent = 0
         self.exhausted = False
+        self.depths = Depths(root)
 
     def _spend(self, units: int) -> bool:
         """Count ``units`` of work; False once the budget is spent."""
@@ -156,16 +151,20 @@ class JsonSampler:
             return self._any(depth)
         if schema is False:
             raise SchemaError("a false schema admits no value")
+        if depth > MAX_DEPTH + HARD_DEPTH:  # only a schema check_schema refuses gets here
+            raise SchemaError("the schema nests without end")
         if "$ref" in schema:
-            return self.value(_resolve(self.root, schema["$ref"]), depth + 1)
+            return self.value(resolve(self.root, schema["$ref"]), depth + 1)
         if "const" in schema:
             return schema["const"]
         if "enum" in schema:
             return self.rng.choice(schema["enum"])
         for key in ("anyOf", "oneOf"):
             if schema.get(key):
-                options = schema[key]
-                # Deep down, the first option (usually the simplest) ends recursion.
+                # Only options with a value; deep down, the shortest, which ends recursion.
+                options = least_ranked(schema[key], self.depths.rank)
+                if not options:
+                    raise SchemaError(f"no '{key}' option of the schema admits a finite value")
                 chosen = options[0] if depth >= MAX_DEPTH else self.rng.choice(options)
                 return self.value({**_without(schema, key), **chosen}, depth + 1)
         if schema.get("allOf"):
@@ -176,9 +175,11 @@ class JsonSampler:
         kind = schema.get("type")
         if isinstance(kind, list):
             kinds = [k for k in kind if k != "null"] or ["null"]
+            if depth >= MAX_DEPTH:  # the kind whose shortest value is shortest
+                kinds = least_ranked(kinds, lambda k: self.depths.rank({**schema, "type": k}))
             kind = kinds[0] if depth >= MAX_DEPTH else self.rng.choice(kinds)
         if kind is None:
-            kind = _implied_type(schema)
+            kind = implied_type(schema)
         make: Callable[[dict[str, Any], int], Any] | None = getattr(self, f"_{kind}", None)
         if make is None:
             raise SchemaError(f"unknown JSON schema type {kind!r}")
@@ -194,7 +195,8 @@ class JsonSampler:
         for name, sub in props.items():
             if not self._spend(len(name) + 4):
                 break
-            optional_kept = depth < MAX_DEPTH and self.rng.random() < OPTIONAL_PROPERTY_CHANCE
+            optional_kept = (depth < MAX_DEPTH and self.rng.random() < OPTIONAL_PROPERTY_CHANCE
+                             and self.depths.rank(sub) is not None)
             if name in required or optional_kept:
                 out[name] = self.value(sub, depth + 1)
         if not props and schema.get("additionalProperties") not in (False, None) and depth < 2:
@@ -213,6 +215,8 @@ class JsonSampler:
                                                                  min(high, low + 3))
         count = max(count, min(len(prefix), high))
         items = schema.get("items", {})
+        if self.depths.rank(items) is None:  # items without a value: only what is required
+            count = min(count, max(low, min(len(prefix), high)))
         out: list[Any] = []
         for i in range(count):
             if not self._spend(2):
@@ -253,14 +257,6 @@ class JsonSampler:
 
 def _without(schema: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in schema.items() if k != key}
-
-
-def _implied_type(schema: dict[str, Any]) -> str:
-    if "properties" in schema or "additionalProperties" in schema:
-        return "object"
-    if "items" in schema or "prefixItems" in schema:
-        return "array"
-    return "string"
 
 
 def _bounds(schema: dict[str, Any], *, integer: bool) -> tuple[float, float]:
