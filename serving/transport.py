@@ -391,6 +391,7 @@ class StreamReader:
         self._task: asyncio.Task[None] | None = None
         self._conn: Any = None  # a redis.asyncio Connection, used by this reader only
         self._conn_pool: Any = None
+        self._unblocker: Any = None  # a client on _conn_pool (made once: its setup is not free)
         self._conn_id: int | None = None
         self._blocked = False
         self._unblocking = False  # a CLIENT UNBLOCK for the current read is on its way
@@ -471,7 +472,9 @@ class StreamReader:
             return
         with contextlib.suppress(Exception):
             # Through the reader's own pool: the same Redis (cluster node) as the blocked read.
-            await aioredis.Redis(connection_pool=self._conn_pool).client_unblock(self._conn_id)
+            if self._unblocker is None or self._unblocker.connection_pool is not self._conn_pool:
+                self._unblocker = aioredis.Redis(connection_pool=self._conn_pool)
+            await self._unblocker.client_unblock(self._conn_id)
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():

@@ -211,3 +211,20 @@ def test_an_unreachable_upstream_is_a_connection_error() -> None:
             await read_all(client, {})
 
     asyncio.run(main())
+
+
+def test_an_upstream_behind_a_configured_proxy_keeps_httpx(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The lean client does not speak to proxies: where the environment names one for the
+    upstream (and NO_PROXY does not exempt it), the engine keeps httpx, which honours it."""
+    from workers.engine.upstream import proxied
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+                 "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert not proxied("http://10.0.0.5:8000/v1/completions")
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.internal:3128")
+    assert proxied("http://10.0.0.5:8000/v1/completions")
+    assert not proxied("https://10.0.0.5:8000/v1/completions")
+    monkeypatch.setenv("NO_PROXY", "10.0.0.5")
+    assert not proxied("http://10.0.0.5:8000/v1/completions")

@@ -38,6 +38,7 @@ import contextlib
 import json
 import logging
 import os
+import urllib.request
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -331,7 +332,7 @@ class UpstreamEngine(Engine):
                               max_keepalive_connections=s.max_connections)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers,
                                          transport=self._transport)
-        if self._transport is None:
+        if self._transport is None and not proxied(s.completions_url):
             self._http = UpstreamHTTP(s.completions_url, headers=headers_of(headers),
                                       max_connections=s.max_connections,
                                       connect_timeout_s=s.connect_timeout_s)
@@ -598,8 +599,16 @@ class SSEData:
         return [line[5:].strip()] if line.startswith(b"data:") else []
 
 
+def proxied(url: str) -> bool:
+    """Whether the environment sends ``url`` through a proxy (HTTP(S)_PROXY, not bypassed by
+    NO_PROXY): httpx honours that, the lean client does not, so such an upstream keeps httpx."""
+    scheme, host = urlsplit(url).scheme, urlsplit(url).hostname or ""
+    return bool(urllib.request.getproxies().get(scheme)) and not urllib.request.proxy_bypass(host)
+
+
 async def _error_text(response: Any) -> str:
-    raw = (await response.aread())[:2000]
+    """An error response's message (either client's response: both have ``aread``)."""
+    raw: bytes = (await response.aread())[:2000]
     try:
         err = json.loads(raw)
         if isinstance(err, dict):
