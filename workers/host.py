@@ -85,6 +85,13 @@ START_TIMEOUT_S = {"vllm": 1800.0}  # by backend: how long an engine may take to
 # a request's state survives it on the promoted replica, so without the retry its stream would
 # wait for a terminal event until the deadline sweep. Past this, the janitor's sweeps end it.
 SETTLE_RETRY_S = 30.0
+# Step batches go out at most this often. Engines that step (the simulated one, vLLM in
+# process) hand the host a step's deltas at once; a worker relaying upstream servers gets each
+# stream's chunks one by one, so without a floor every chunk of every stream was a batch of its
+# own: a relay_step EVAL, and a wake of every gateway's XREAD, per token. With it, the chunks of
+# all streams that arrive within the gap share one batch (and a stream's chunks one entry). A
+# delta that arrives after a quiet gap goes out at once: the floor adds latency only under load.
+FLUSH_GAP_S = 0.002
 
 
 def new_worker_id(pool: str) -> str:
@@ -134,7 +141,8 @@ class EngineHost:
     def __init__(self, spec: EngineSpec, engine: Engine, worker_id: str | None = None, *,
                  heartbeat_s: float | None = None, dead_after_s: float | None = None,
                  drain_timeout_s: float | None = None,
-                 max_engine_restarts: int = MAX_ENGINE_RESTARTS) -> None:
+                 max_engine_restarts: int = MAX_ENGINE_RESTARTS,
+                 flush_gap_s: float = FLUSH_GAP_S) -> None:
         self.spec = spec
         self.engine = engine
         self.worker_id = worker_id or new_worker_id(spec.name)
@@ -143,6 +151,8 @@ class EngineHost:
         self.drain_timeout_s = (settings.WORKER_DRAIN_SECONDS if drain_timeout_s is None
                                 else drain_timeout_s)
         self.max_engine_restarts = max_engine_restarts
+        self.flush_gap_s = flush_gap_s
+        self.flushes = 0  # step batches written (diagnostics)
         self.engine_restarts = 0
         self.engine_failure: str | None = None  # set while the engine is dead or restarting
         # Why the host gave up (the engine could not be revived): the worker exits non-zero.
@@ -669,11 +679,15 @@ class EngineHost:
         self._flush_needed.set()
 
     async def _flusher(self) -> None:
-        assert self._flush_needed is not None
+        assert self._flush_needed is not None and self._loop is not None
+        last = -1e9  # loop time of the last batch sent
         while not _cancelling():
             await self._flush_needed.wait()
             self._flush_needed.clear()
-            await asyncio.sleep(0)  # let every consumer woken by this engine step add its delta
+            # Let every consumer woken by this engine step add its delta, and under load every
+            # chunk that arrives before the gap since the last batch is over (FLUSH_GAP_S).
+            await asyncio.sleep(max(0.0, last + self.flush_gap_s - self._loop.time()))
+            last = self._loop.time()
             await self._flush_once()
 
     async def _flush_once(self) -> None:
@@ -681,6 +695,7 @@ class EngineHost:
         self._batch, self._waiters = transport.StepBatch(pool=self.spec.name), []
         if not batch:
             return
+        self.flushes += 1
         try:
             replies = await batch.flush(self._redis, transport.RUNNING_STREAM_TTL_S)
         except Exception as exc:

@@ -995,11 +995,12 @@ class Relay:
         await self.c.start(200, {**self.headers, **self.c.served_headers(self.req)},
                            sse.HEADERS)
         if self.req.kind == "chat" and not self.resumed:
+            # Queued, not written: it goes out with the first tokens, in one send (the
+            # caller flushes), rather than a send of its own per request.
             if self.asm is not None:
-                await self._write(b"".join(sse.event(self.tpl.choice(c))
-                                           for c in self.asm.role_chunks()))
+                self._buf.extend(sse.event(self.tpl.choice(c)) for c in self.asm.role_chunks())
             else:
-                await self._write(sse.event(self.tpl.role()))
+                self._buf.append(sse.event(self.tpl.role()))
 
     async def _write(self, data: bytes, *, more: bool = True) -> None:
         self.last_write = time.monotonic()
@@ -1068,7 +1069,8 @@ class Relay:
             await asyncio.sleep(every / 2)
             if time.monotonic() - self.last_write >= every:
                 await self._begin()
-                await self._write(sse.KEEPALIVE)
+                self._buf.append(sse.KEEPALIVE)  # behind the role chunk _begin queued
+                await self._flush()
 
 
 FINISH_REASONS = frozenset({"stop", "length"})

@@ -38,9 +38,11 @@ import contextlib
 import json
 import logging
 import os
+import urllib.request
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -59,6 +61,7 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
+from workers.engine.upstream_http import UpstreamHTTP, headers_of
 
 log = logging.getLogger(__name__)
 USAGE_DIFFERS = Repeated(log, "upstream_usage_differs")
@@ -302,6 +305,9 @@ class UpstreamEngine(Engine):
         self._tok = load_tokenizer(tokenizer_path or None)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        # Streamed completions go through the lean client (workers.engine.upstream_http);
+        # httpx serves embeddings, and everything when a test injects its transport.
+        self._http: UpstreamHTTP | None = None
         self._streams = PumpedStreams()
 
     @property
@@ -326,10 +332,17 @@ class UpstreamEngine(Engine):
                               max_keepalive_connections=s.max_connections)
         self._client = httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers,
                                          transport=self._transport)
+        if self._transport is None and not proxied(s.completions_url):
+            self._http = UpstreamHTTP(s.completions_url, headers=headers_of(headers),
+                                      max_connections=s.max_connections,
+                                      connect_timeout_s=s.connect_timeout_s)
 
     async def stop(self) -> None:
         for rid in list(self._streams):
             await self.abort(rid)
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
@@ -422,8 +435,7 @@ class UpstreamEngine(Engine):
         reason: str | None = None
         async with contextlib.AsyncExitStack() as stack:
             async with asyncio.timeout(s.first_byte_timeout_s):
-                response = await stack.enter_async_context(
-                    self._client.stream("POST", s.completions_url, json=body))
+                response: Any = await stack.enter_async_context(self._post(body))
                 if response.status_code != 200:
                     raise UpstreamHTTPError(response.status_code, await _error_text(response))
             chunks = response.aiter_bytes()
@@ -443,6 +455,18 @@ class UpstreamEngine(Engine):
         if reason is None:
             raise ConnectionError("the upstream closed the stream before finishing")
         return reason
+
+    def _post(self, body: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The streamed POST of a completion: the lean client's, or httpx's (tests)."""
+        if self._http is not None:
+            return self._http.post(self._path, json.dumps(body).encode())
+        assert self._client is not None
+        return self._client.stream("POST", self.settings.completions_url, json=body)
+
+    @property
+    def _path(self) -> str:
+        url = urlsplit(self.settings.completions_url)
+        return url.path + (f"?{url.query}" if url.query else "")
 
     def _chunk(self, chunk: dict[str, Any], tally: _Tally, put: Any) -> str | None:
         if "error" in chunk:  # vLLM reports a failure mid-stream as an error event
@@ -575,8 +599,16 @@ class SSEData:
         return [line[5:].strip()] if line.startswith(b"data:") else []
 
 
-async def _error_text(response: httpx.Response) -> str:
-    raw = (await response.aread())[:2000]
+def proxied(url: str) -> bool:
+    """Whether the environment sends ``url`` through a proxy (HTTP(S)_PROXY, not bypassed by
+    NO_PROXY): httpx honours that, the lean client does not, so such an upstream keeps httpx."""
+    scheme, host = urlsplit(url).scheme, urlsplit(url).hostname or ""
+    return bool(urllib.request.getproxies().get(scheme)) and not urllib.request.proxy_bypass(host)
+
+
+async def _error_text(response: Any) -> str:
+    """An error response's message (either client's response: both have ``aread``)."""
+    raw: bytes = (await response.aread())[:2000]
     try:
         err = json.loads(raw)
         if isinstance(err, dict):
