@@ -45,7 +45,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property, lru_cache
-from importlib import resources
 from typing import Any
 
 import redis
@@ -55,6 +54,7 @@ from django.conf import settings
 from infra.loop_local import LoopLocal
 from infra.redis_conn import get_async_redis, get_redis, key, pool_tag
 from serving.keys import inflight_key
+from serving.lua import source as lua_source
 
 POLICIES = ("wfq", "fifo")
 _SEP = "|"  # field separator inside a packed queue entry (see serving/lua/wfq/common.lua)
@@ -176,6 +176,11 @@ class Keys:
                                                   "seen", "weight", "active"))
 
 
+def pool_keys(pool: str) -> Keys:
+    """The pool's WFQ keys (settle.lua corrects a tenant's tags through them)."""
+    return _keys(pool)
+
+
 def _keys(pool: str) -> Keys:
     # Building keys is a measurable share of a dispatch round trip, and pools are few. The
     # prefix is part of the cache key so a settings override still applies.
@@ -202,8 +207,7 @@ def _number(what: str, value: float, *, positive: bool = False) -> str:
 
 @cache
 def _source(name: str) -> str:
-    lua = resources.files("serving") / "lua" / "wfq"
-    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    return lua_source("wfq/common.lua", f"wfq/{name}.lua")
 
 
 _SCRIPTS = ("enqueue", "dispatch", "remove", "complete", "backlog", "queued", "reset")

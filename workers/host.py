@@ -648,7 +648,7 @@ class EngineHost:
                 delay = min(delay * 2, 1.0)
         done = settlement.parse_settle(rid, reply)
         if done is not None:
-            await settlement.finish_async(done, self._redis)
+            await settlement.release_async(done, self._redis)
         if traced is not None:
             tracing.record(traced, "settlement", began, time.time_ns(), pool=self.spec.name,
                            status=status, error_code=error_code, settled=done is not None)

@@ -1,4 +1,5 @@
--- Shared prelude, prepended to every WFQ script at load time (serving/wfq.py).
+-- Shared prelude, prepended to every WFQ script at load time (serving/wfq.py), and included by
+-- settle.lua, which corrects the tenant's tags in the same step that settles.
 --
 -- Keys of one pool P (all under settings.REDIS_KEY_PREFIX); every script gets the first eight
 -- as KEYS[1..8], in this order:
@@ -62,14 +63,8 @@ local function pack(finish, start, item)
                        fmt(item.weight), fmt(item.kv), item.seq, item.tenant, item.rid}, '|')
 end
 
--- Wall time in seconds: the caller's clock when it passes one (benchmarks on a virtual clock),
--- else the Redis server's, so every gateway and worker reads the same clock. TIME in a script
--- that writes needs effects replication, the default since Redis 5.
-local function clock(arg)
-  if arg and arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+-- Wall time in seconds: clock(arg), the caller's or the Redis server's.
+--! include clock
 
 local function get_vtime()
   return tonumber(redis.call('HGET', state, 'vtime') or '0')
