@@ -10,7 +10,7 @@ The tenant's admission state (buckets, counters) carries the tenant's tag instea
 from __future__ import annotations
 
 from infra.pool_workers import workers_key
-from infra.redis_conn import pool_key
+from infra.redis_conn import key, pool_key, pool_tag
 from metering.keys import pending_key as usage_pending_key
 from metering.keys import pools_key
 
@@ -21,6 +21,7 @@ __all__ = [
     "req_key",
     "stream_key",
     "usage_pending_key",
+    "wake_key",
     "worker_key",
     "workers_key",
 ]
@@ -49,3 +50,9 @@ def worker_key(pool: str, worker_id: str, part: str) -> str:
 def inflight_key(pool: str, worker_id: str) -> str:
     """The requests a worker runs; dispatch adds to it in the same script that pops the queue."""
     return worker_key(pool, worker_id, "inflight")
+
+
+def wake_key(pool: str) -> str:
+    """A list admission pushes to (enter.lua), so an idle worker's BLPOP returns at once."""
+    return key("wake", pool_tag(pool))
+
