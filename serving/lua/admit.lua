@@ -1,6 +1,6 @@
 -- admit.lua: charge every limit of one request in one step, or charge nothing.
 -- Every key is on the tenant's slot (hash tag {t.TENANT}, key buckets and counters included).
--- The request's own state is written next, on its pool's slot, by open.lua (ADR 0018).
+-- The request's own state is written next, on its pool's slot, by enter.lua (ADR 0018, 0028).
 --
 -- KEYS[1]  charges (zset rid -> release-by time: one release token per charged request)
 -- KEYS[2]  charges:what (hash rid -> the counter keys to release, space-separated)
@@ -22,10 +22,10 @@
 --       nothing (the prune of A5 may still release expired tokens).
 --   A3  a counter never exceeds its limit: check and increment happen in this one script.
 --   A4  a request id is charged once while its token lives: an existing token is refused
---       ("duplicate"); open.lua refuses an id whose req hash exists.
+--       ("duplicate"); enter.lua refuses an id whose req hash exists.
 --   A5  the counters a request took are given back exactly once: by release.lua, which runs
 --       only if it removes the token, or, when no release came by the token's expiry (a
---       process died between admit and open, or between settle and release), by the prune
+--       process died between admit and enter, or between settle and release), by the prune
 --       below, which also removes the token first. Buckets are not refunded by the prune:
 --       they refill by themselves, so a lost refund costs the tenant at most one charge's
 --       worth of rate for a minute.

@@ -22,9 +22,9 @@
 
 local q, req, deadlines, wake = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 if redis.call('EXISTS', req) == 1 then return {0, 'duplicate'} end
-local a, err = enqueue_args(4)
-if not a then return err end
 local now = clock(ARGV[2])
+local a, err = enqueue_args(4, ARGV[10] == '' and ARGV[2] == '' and now or nil)
+if not a then return err end
 local finish, seq = enqueue_request(q, a.policy, a.tenant, a.rid, a.cost, a.weight, a.kv, a.now)
 if not finish then return seq end
 

@@ -212,14 +212,16 @@ local function enqueue_request(q, policy, tenant, rid, cost, weight, kv, now)
 end
 
 -- enqueue.lua's and enter.lua's arguments, from ARGV[at]: policy, tenant, request_id, cost,
--- weight, kv_tokens, now. Returns them parsed, or nil and an error reply.
-local function enqueue_args(at)
+-- weight, kv_tokens, now ('' = server_now if given, else TIME). Returns them parsed, or nil and
+-- an error reply.
+local function enqueue_args(at, server_now)
   local cost, weight = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local kv = tonumber(ARGV[at + 5])
   if not (cost and weight and kv) or cost < 0 or weight <= 0 or kv < 0 then
     return nil, redis.error_reply('WFQARG cost, weight and kv_tokens must be numbers, weight > 0')
   end
-  local now = clock(ARGV[at + 6])  -- before any write (TIME)
+  local now = server_now  -- one TIME per script
+  if ARGV[at + 6] ~= '' or not now then now = clock(ARGV[at + 6]) end  -- before any write
   if not now then return nil, redis.error_reply('WFQARG now must be a number') end
   return {policy = ARGV[at], tenant = ARGV[at + 1], rid = ARGV[at + 2], cost = cost,
           weight = weight, kv = kv, now = now}
