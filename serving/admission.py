@@ -34,7 +34,10 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from infra.redis_conn import get_async_redis, get_redis, tenant_key
+from infra.keyspace import bucket_key as bucket_key  # re-exported (serving.cells, tests)
+from infra.keyspace import charges_keys
+from infra.keyspace import counter_key as counter_key  # re-exported
+from infra.redis_conn import get_async_redis, get_redis
 from serving import wfq
 from serving.budgets import NONE, Reservation
 from serving.keys import deadlines_key, pools_key, req_key, wake_key
@@ -61,22 +64,7 @@ class Reason:
     INSUFFICIENT_QUOTA = "insufficient_quota"  # a budget cannot hold the reservation (OpenAI)
 
 
-# -- keys -------------------------------------------------------------------------------------
-
-
-def bucket_key(tenant_id: object, scope: str, ident: object, kind: str) -> str:
-    """A token bucket (``kind`` "in" or "out") of the tenant (``scope`` "tenant") or of one of
-    its keys (``scope`` "key", ``ident`` the key's id), on the tenant's slot."""
-    if scope == "tenant":
-        return tenant_key("bucket", tenant_id, "tenant", kind)
-    return tenant_key("bucket", tenant_id, "key", ident, kind)
-
-
-def counter_key(name: str, tenant_id: object, scope: str = "tenant", ident: object = None) -> str:
-    """A ``conc`` or ``streams`` counter of the tenant or one of its keys, on the tenant's slot."""
-    if scope == "tenant":
-        return tenant_key(name, tenant_id, "tenant")
-    return tenant_key(name, tenant_id, "key", ident)
+# -- keys (built in infra.keyspace) ----------------------------------------------------------
 
 
 def _bucket_keys(tenant_id: object, key_id: object) -> list[str]:
@@ -92,7 +80,7 @@ def counter_keys(tenant_id: object, key_id: object) -> list[str]:
 
 def token_keys(tenant_id: object) -> list[str]:
     """The tenant's release tokens (zset) and what each releases (hash): admit.lua, release.lua."""
-    return [tenant_key("charges", tenant_id), tenant_key("charges", tenant_id, "what")]
+    return charges_keys(tenant_id)
 
 
 # -- limits -----------------------------------------------------------------------------------

@@ -53,8 +53,9 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from infra.keyspace import WFQ_PARTS, wfq_key, wfq_queue_prefix
 from infra.loop_local import LoopLocal
-from infra.redis_conn import get_async_redis, get_redis, key, pool_tag
+from infra.redis_conn import get_async_redis, get_redis
 from serving.keys import inflight_key, req_key
 from serving.lua import source as lua_source
 
@@ -167,14 +168,14 @@ class Keys:
         _check(_POOL, "pool", self.pool)
 
     def part(self, name: str) -> str:
-        return key("wfq", pool_tag(self.pool), name)
+        return wfq_key(self.pool, name)
 
     @cached_property
     def qprefix(self) -> str:
         # Queue keys are built from this prefix inside the scripts: the pool's tag makes them
         # hash to the pool's slot like the declared keys (Redis Cluster routes a script by its
         # declared keys; an undeclared key on the same slot is allowed).
-        return key("wfq", pool_tag(self.pool), "q", "")
+        return wfq_queue_prefix(self.pool)
 
     def queue(self, tenant_id: str) -> str:
         return self.qprefix + tenant_id
@@ -182,8 +183,7 @@ class Keys:
     @cached_property
     def common(self) -> tuple[str, ...]:
         # Every script gets these first, in this order (serving/lua/wfq/common.lua).
-        return tuple(self.part(name) for name in ("heads", "items", "state", "last", "shift",
-                                                  "seen", "weight", "active"))
+        return tuple(self.part(name) for name in WFQ_PARTS)
 
 
 def pool_keys(pool: str) -> Keys:
