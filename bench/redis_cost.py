@@ -280,8 +280,12 @@ def ab(args: argparse.Namespace) -> None:
             path = Path(tmp) / f"{len(outs)}.json"
             argv = [a for a in sys.argv[1:] if a != "--baseline" and a != args.baseline]
             print(f"== {root}", flush=True)
+            # This checkout's code first; other entries (not a checkout) are kept.
+            rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                    if p and Path(p).resolve() not in (ROOT, base)]
             subprocess.run([sys.executable, str(script), *argv, "--json", str(path)],
-                           check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+                           check=True, cwd=root,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *rest])})
             outs.append(json.loads(path.read_text()))
     copy.unlink()
     REDIS_PROC.kill()
