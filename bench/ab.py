@@ -57,8 +57,9 @@ importlib.import_module("tests.testenv")
 
 from _http import ROOT, percentile, run_async, sse_post, stream_body  # noqa: E402
 
-from tenants.keys import issue_key  # noqa: E402
-from tenants.models import Pool, Quota, ServedModel, Tenant, Tier  # noqa: E402
+from catalog.models import Pool, ServedModel  # noqa: E402
+from tenants.api_keys import issue_key  # noqa: E402
+from tenants.models import Quota, Tenant, Tier  # noqa: E402
 from tests.procs import free_port, wait_until  # noqa: E402
 
 QUOTA = {"input_tpm": 10**9, "output_tpm": 10**9, "concurrent_requests": 100_000,

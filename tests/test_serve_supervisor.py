@@ -450,7 +450,7 @@ def test_ctrl_c_under_load_ends_every_stream_and_leaves_nothing_running(tmp_path
     manage(env, "migrate", "--noinput", "-v0")
     printed = manage(env, "bootstrap_demo", "--base-url", url)
     plain = re.search(r"\(shown once\): (\S+)", printed).group(1)
-    manage(env, "shell", "-c", "from tenants.models import Pool; "
+    manage(env, "shell", "-c", "from catalog.models import Pool; "
                               f"Pool.objects.update(backend_settings={SLOW!r})")
     serve = start_serve(port, env)
     try:
