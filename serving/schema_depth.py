@@ -43,8 +43,10 @@ class Depths:
     def _one_level(self, node: Any) -> int | None:
         if node is True or node is None or node == {}:
             return 0
-        if not isinstance(node, dict):
+        if node is False:
             return None  # a false schema has no value
+        if not isinstance(node, dict):
+            raise SchemaError("a schema must be an object or a boolean")
         return _rank(node, self.root, self.rank)
 
 
