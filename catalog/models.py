@@ -4,7 +4,7 @@ that spread a public model name over several pools.
 Below ``serving`` and ``tenants`` (docs/architecture.md): nothing here imports a project
 package but ``infra``. A pool dedicated to a tenant names it by the string
 ``"tenants.Tenant"``, so the relation is Django's, not an import. The tables were made by the
-``tenants`` app and keep their names (docs/adr/0034-catalog-package.md).
+``tenants`` app and keep their names (docs/adr/0030-catalog-package.md).
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ def test_the_catalog_imports_only_infra_and_registers_nothing_from_above() -> No
 
 
 def test_the_catalog_keeps_its_tables_and_tenants_keep_no_catalog_model() -> None:
-    """The models moved without their tables (ADR 0034): each keeps the table the tenants app
+    """The models moved without their tables (ADR 0030): each keeps the table the tenants app
     made, and no catalog model is defined in ``tenants`` again."""
     source = (ROOT / "catalog" / "models.py").read_text()
     for table in ("tenants_servedmodel", "tenants_pool", "tenants_route", "tenants_routetarget"):

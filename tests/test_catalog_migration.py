@@ -1,4 +1,4 @@
-"""The catalog's move out of ``tenants`` changes Django's state, not the tables (ADR 0034).
+"""The catalog's move out of ``tenants`` changes Django's state, not the tables (ADR 0030).
 
 A database at main's state (tenants' last migration, no catalog app) holds a model, a pool
 dedicated to a tenant, a route, a quota and a key limited to the model; migrating forward keeps

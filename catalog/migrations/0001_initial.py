@@ -1,4 +1,4 @@
-# The pool catalog moves out of ``tenants`` (docs/adr/0034-catalog-package.md). Its tables were
+# The pool catalog moves out of ``tenants`` (docs/adr/0030-catalog-package.md). Its tables were
 # made by tenants' migrations and keep their names (``db_table``), so this migration only
 # records the models in the new app's state: no table is created, altered or copied. On an
 # existing database the content types are renamed too, so permissions (``change_pool``) and

@@ -1,5 +1,5 @@
 # The pool catalog (ServedModel, Pool, Route, RouteTarget) now belongs to ``catalog``
-# (docs/adr/0034-catalog-package.md). The tables are unchanged: the models there keep these
+# (docs/adr/0030-catalog-package.md). The tables are unchanged: the models there keep these
 # table names, so no row moves. Tenants' own relations point at the catalog's models; the
 # columns and constraints already reference the same tables, so only the state changes.
 
