@@ -25,9 +25,7 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,18 +34,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.procs import free_port, wait_until  # noqa: E402  (no Django needed)
+from tests.redis_procs import RedisServer  # noqa: E402  (no Django needed)
 
 
-def start_private_redis() -> subprocess.Popen[bytes]:
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="igw-redis-cost-")
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", workdir],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    os.environ["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"  # read by Django's settings below
-    return proc
+def start_private_redis() -> RedisServer:
+    server = RedisServer("igw-redis-cost-").start()
+    os.environ["REDIS_URL"] = server.url  # read by Django's settings below
+    return server
 
 
 REDIS_PROC = start_private_redis()
@@ -143,8 +136,6 @@ def main() -> None:
     engine = {"decode_tokens_per_s": args.per_stream, "pool_tokens_per_s": None,
               "prefill_tokens_per_s": 1e7}
     try:
-        wait_until(lambda: redis.Redis.from_url(os.environ["REDIS_URL"]).ping(), 10,
-                   "the private redis-server")
         with System(backend_settings=engine, max_sequences=args.concurrency + 16,
                     tenants=[TenantSpec("bench", quota=QUOTA)]) as system:
             r = redis.Redis.from_url(os.environ["REDIS_URL"])
@@ -155,8 +146,7 @@ def main() -> None:
             short = run_phase(system, r, args.requests, args.short, args.concurrency, idle)
             long = run_phase(system, r, args.requests, args.long, args.concurrency, idle)
     finally:
-        REDIS_PROC.kill()
-        REDIS_PROC.wait(10)
+        REDIS_PROC.stop()
     cost = solve_cost(short, long)
     print(f"idle: {idle['cpu_s'] / idle['seconds'] * 1e3:.1f} ms CPU/s, "
           f"{idle['commands'] / idle['seconds']:.0f} commands/s (subtracted)")

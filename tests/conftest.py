@@ -87,12 +87,14 @@ class LiveSystem(TypedDict):
 
 
 @pytest.fixture(scope="module")
-def live_system(django_db_setup, django_db_blocker) -> Iterator[Callable[..., LiveSystem]]:
+def live_system(django_db_setup, django_db_blocker,
+                redis_topology: str) -> Iterator[Callable[..., LiveSystem]]:
     """Start a live system: ``live_system(pool=..., worker_ids=[...], env=..., prepare=...)``.
 
     ``prepare`` puts the rows the processes read at start (it runs with the database open to
     this module-scoped fixture); the call returns once every worker has registered and the
-    gateway answers. Whatever a module started stops when the module ends.
+    gateway answers. Whatever a module started stops when the module ends, or when the module
+    moves on to its next Redis topology (the processes run on the topology they started on).
     """
     from infra.redis_conn import get_redis
     from tests import procs
@@ -122,3 +124,57 @@ def live_system(django_db_setup, django_db_blocker) -> Iterator[Callable[..., Li
     yield start
     for proc in reversed(started):
         proc.stop()
+
+
+# ---- Redis topologies ------------------------------------------------------------------------
+# A test marked ``redis_topologies("single", "cluster")`` (module-wide through ``pytestmark``,
+# or one test; the closest mark wins) runs once per topology: "single" is the test Redis,
+# "cluster" a real three-primary Redis Cluster (tests/redis_cluster.py, ADR 0018). Under the
+# cluster every client of this process is a cluster client (``REDIS_CLUSTER_NODES``), the
+# processes a test starts inherit the setting (tests/procs.py child_env), and ``redis_client``
+# is the cluster; Redis Cluster refuses a script or a multi-key command whose keys span slots
+# (CROSSSLOT), so a key that lost its hash tag fails those tests. The cluster variants start
+# processes, so they are ``integration`` (out of the unit lane).
+TOPOLOGIES_MARK = "redis_topologies"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    mark = metafunc.definition.get_closest_marker(TOPOLOGIES_MARK)
+    if mark is None:
+        return
+    params = [pytest.param(name, marks=[pytest.mark.integration] if name != "single" else [])
+              for name in mark.args]
+    metafunc.parametrize("redis_topology", params, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """One real Redis Cluster for this (xdist worker) process, started when first asked for."""
+    from tests.redis_cluster import RedisCluster
+
+    started = RedisCluster().start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def redis_topology(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The Redis topology the module's tests run on now ("single" unless parametrized)."""
+    topology = getattr(request, "param", "single")
+    if topology == "single":
+        yield topology
+        return
+    assert topology == "cluster", topology
+    from django.test import override_settings
+
+    from tests.redis_cluster import fresh_redis_clients
+
+    cluster = request.getfixturevalue("redis_cluster")
+    with override_settings(REDIS_CLUSTER_NODES=[("127.0.0.1", p) for p in cluster.ports]):
+        fresh_redis_clients()
+        try:
+            yield topology
+        finally:
+            fresh_redis_clients()

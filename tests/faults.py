@@ -2,7 +2,6 @@
 
 - ``stream_many``: N concurrent streaming chat requests over raw HTTP/SSE, each outcome
   recorded (status, request id, tokens seen, error code, when it ended);
-- ``RedisServer``: a private ``redis-server`` on a free port that a test can stop and restart;
 - ``TcpProxy``: a tiny asyncio TCP proxy in a thread (in front of PostgreSQL) that a test can
   cut and restore, so a "database outage" never touches the shared server;
 - ``baseline``: every counter that must return to zero once everything has settled.
@@ -13,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -120,8 +117,7 @@ def stream_many(url: str, plain: str | list[str], body: dict[str, Any], n: int, 
 
 def settled_records(r: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for raw in rkeys.usage_raw(r):
-        rec = json.loads(raw)
+    for rec in rkeys.usage_records(r):
         assert rec["request_id"] not in out, f"two records for {rec['request_id']}"
         out[rec["request_id"]] = rec
     return out
@@ -185,36 +181,6 @@ def pct(values: list[float], q: float) -> float:
 
 
 # -- a private Redis ----------------------------------------------------------------------
-
-
-class RedisServer:
-    """``redis-server`` without persistence on a free port: stop() and start() it at will."""
-
-    def __init__(self) -> None:
-        self.port = procs.free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--bind", "127.0.0.1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        procs.wait_until(self._answers, 10, f"redis on {self.port}")
-
-    def _answers(self) -> bool:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
-            return True
-        return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
 
 
 # -- a TCP proxy that can be cut ------------------------------------------------------------

@@ -52,6 +52,9 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         )
     env["REDIS_URL"] = redis_url()
     env["REDIS_KEY_PREFIX"] = settings.REDIS_KEY_PREFIX
+    # On a Redis Cluster (tests/conftest.py redis_topology) the children use it too; REDIS_URL
+    # stays their Celery broker, a plain Redis (ADR 0018).
+    env["REDIS_CLUSTER_NODES"] = ",".join(f"{h}:{p}" for h, p in settings.REDIS_CLUSTER_NODES)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -257,3 +260,37 @@ def _cancel_leftovers(loop: Any, timeout: float = 10.0) -> None:
     for task in stuck:
         print(f"arun: a task did not end within {timeout} s of its cancel: {task!r}")
         task.print_stack()
+
+
+class Server:
+    """A test's HTTP server process (an upstream engine, llama.cpp's server), up once ``probe``
+    answers 200; its output goes to ``log``."""
+
+    def __init__(self, args: list[str], url: str, probe: str, log: Path) -> None:
+        import httpx
+
+        self.url, self.log = url, log
+        self._out = log.open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its log is read while it runs
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
+                                     env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{args[2]} exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + probe, timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"{args[2]} did not start: {log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()

@@ -130,8 +130,7 @@ def test_every_exit_settles_exactly_once(setup) -> None:
     assert refused, "the tight tenant should have been refused at least once"
 
     def records() -> dict[str, dict[str, Any]]:
-        raw = [json.loads(x) for x in rkeys.usage_raw(r)]
-        return {x["request_id"]: x for x in raw}
+        return {x["request_id"]: x for x in rkeys.usage_records(r)}
 
     # Disconnected and orphaned requests settle asynchronously (engine abort, janitor).
     procs.wait_until(lambda: admitted <= set(records()), 30, "a record for every admitted one")

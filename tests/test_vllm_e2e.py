@@ -91,17 +91,6 @@ def rid_of(response_id: str) -> str:
     return response_id.split("-", 1)[1]
 
 
-def record_of(redis_client: Any, rid: str, timeout: float = 30.0) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
-        for raw in rkeys.usage_raw(redis_client):
-            rec = json.loads(raw)
-            if rec["request_id"] == rid:
-                return rec
-        return None
-
-    return procs.wait_until(find, timeout, f"usage record of {rid}")  # type: ignore[return-value]
-
-
 def worker_load(redis_client: Any) -> dict[str, str]:
     raw = redis_client.hgetall(rkeys.worker_key(POOL, WORKER, "load"))
     return {k.decode(): v.decode() for k, v in raw.items()}
@@ -119,7 +108,7 @@ def test_the_official_client_sync_streaming_and_not(live: dict[str, Any],
                                            extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (chat_len(HELLO), 9)
-    record = record_of(redis_client, rid_of(reply.id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(reply.id), 30)
     assert (record["prompt_tokens"], record["completion_tokens"], record["status"]) == (
         chat_len(HELLO), 9, "ok")
 
@@ -132,7 +121,7 @@ def test_the_official_client_sync_streaming_and_not(live: dict[str, Any],
     assert usage.prompt_tokens_details.cached_tokens > 0
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text  # (random weights: bytes that re-encode to other tokens, so no count of it)
-    record = record_of(redis_client, rid_of(chunks[0].id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(chunks[0].id), 30)
     assert record["completion_tokens"] == 14 and record["stream"] is True
     assert record["cached_tokens"] == usage.prompt_tokens_details.cached_tokens
 
@@ -161,10 +150,10 @@ def test_the_official_client_async_completions_streaming_and_not(live: dict[str,
 
     reply, chunks = procs.arun(main())
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (n_prompt, 6)
-    assert record_of(redis_client, rid_of(reply.id))["completion_tokens"] == 6
+    assert rkeys.wait_usage_record(redis_client, rid_of(reply.id), 30)["completion_tokens"] == 6
     assert chunks[-1].usage.completion_tokens == 11
     assert chunks[-1].usage.prompt_tokens == n_prompt
-    record = record_of(redis_client, rid_of(chunks[0].id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(chunks[0].id), 30)
     assert (record["prompt_tokens"], record["completion_tokens"]) == (n_prompt, 11)
 
 
@@ -181,7 +170,7 @@ def test_a_client_gone_mid_stream_frees_the_sequence_in_vllm(live: dict[str, Any
             seen += line.startswith("id: ")
             if seen >= 5:
                 break
-    record = record_of(redis_client, rid)
+    record = rkeys.wait_usage_record(redis_client, rid, 30)
     # vLLM stopped the sequence early: the abort reached it (it would have run to LONG).
     assert record["status"] == "cancelled"
     assert 5 <= record["completion_tokens"] < LONG
@@ -227,7 +216,7 @@ def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
     assert error is not None, f"the stream ended without an error ({len(events)} chunks, " \
                               f"finish reasons {finished}): {events[-2:]}"
     assert error["code"] in ("engine_error", "engine_restart")
-    record = record_of(redis_client, rid)
+    record = rkeys.wait_usage_record(redis_client, rid, 30)
     assert record["status"] == "error" and 1 <= record["completion_tokens"] < LONG
     # The heartbeat said unhealthy (no capacity: routed elsewhere) while the engine restarted.
     def restarted() -> bool:

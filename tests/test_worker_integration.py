@@ -112,8 +112,7 @@ async def until_running(rid: str, timeout: float = 10.0) -> None:
 
 
 def usage_records() -> dict[str, dict]:
-    return {r["request_id"]: r for r in map(json.loads,
-                                            rkeys.usage_raw(get_redis()))}
+    return {r["request_id"]: r for r in rkeys.usage_records(get_redis())}
 
 
 def all_records(count: int) -> dict[str, dict] | None:
