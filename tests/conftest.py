@@ -75,6 +75,17 @@ def audit_truncate_for_flush():
     connection_created.disconnect(_allow_audit_truncate)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fast_flush():
+    """Transactional tests empty the database by DELETE of the tables that hold rows, not a
+    TRUNCATE of all of them plus post_migrate (tests/fast_flush.py)."""
+    from tests import fast_flush as flush
+
+    undo = flush.install()
+    yield
+    undo()
+
+
 class LiveSystem(TypedDict):
     """A running gateway and its pool's workers (real subprocesses)."""
 

@@ -45,9 +45,12 @@ class Outcome:
 
 
 async def one_stream(client: httpx.AsyncClient, url: str, plain: str, body: dict[str, Any],
-                     started: asyncio.Event | None = None, resume: str | None = None) -> Outcome:
-    """One streaming request; ``resume``: a Last-Event-ID to continue a stream from."""
-    out = Outcome(started=time.monotonic())
+                     started: asyncio.Event | None = None, resume: str | None = None,
+                     out: Outcome | None = None) -> Outcome:
+    """One streaming request; ``resume``: a Last-Event-ID to continue a stream from; ``out``:
+    the outcome to fill in as events arrive (another thread may watch it)."""
+    out = out if out is not None else Outcome()
+    out.started = time.monotonic()
     headers = {"Authorization": f"Bearer {plain}"}
     if resume:
         headers["Last-Event-ID"] = resume
@@ -111,6 +114,16 @@ def stream_many(url: str, plain: str | list[str], body: dict[str, Any], n: int, 
                     if during is not None else None)
             results = await asyncio.gather(*tasks)
             return list(results), (await side if side is not None else None)
+
+    return procs.arun(main())
+
+
+def stream_one(url: str, plain: str, body: dict[str, Any], out: Outcome | None = None,
+               timeout: float = 60.0) -> Outcome:
+    """One stream, filling in ``out`` (when given) as it goes."""
+    async def main() -> Outcome:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            return await one_stream(client, url, plain, body, out=out)
 
     return procs.arun(main())
 

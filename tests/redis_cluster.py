@@ -96,10 +96,16 @@ class RedisCluster(RedisProcs):
 def fresh_redis_clients() -> None:
     """Forget this process's Redis clients, so the next ones follow the current settings."""
     from infra import redis_conn
+    from serving import wfq
 
     redis_conn.get_redis.cache_clear()
     redis_conn.redis_url.cache_clear()
     redis_conn.async_clients.clear()
+    # Dispatchers made on a client: the sync shortcuts' cached one, each loop's async one.
+    for cached in (getattr(wfq, "_default", None), getattr(wfq, "_async_wfqs", None)):
+        for forget in ("cache_clear", "clear"):
+            if hasattr(cached, forget):
+                getattr(cached, forget)()
 
 
 if __name__ == "__main__":

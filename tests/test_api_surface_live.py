@@ -635,11 +635,13 @@ def test_safety_identifier_is_recorded_as_the_end_user(live, redis_client) -> No
     resp = c.responses.create(model=MODEL, input="Hi", max_output_tokens=3,
                               safety_identifier="user-43", prompt_cache_key="conv-1")
     assert resp.safety_identifier == "user-43" and resp.prompt_cache_key == "conv-1"
-    assert rkeys.wait_usage_record(redis_client, resp.id.removeprefix("resp_"))["end_user"] == "user-43"
+    record = rkeys.wait_usage_record(redis_client, resp.id.removeprefix("resp_"))
+    assert record["end_user"] == "user-43"
     legacy = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, user="old-id")
     assert rkeys.wait_usage_record(redis_client, rid_of(legacy.id))["end_user"] == "old-id"
     raw = c.embeddings.with_raw_response.create(model=EMBED, input="x", user="emb-user")
-    assert rkeys.wait_usage_record(redis_client, raw.headers["x-request-id"])["end_user"] == "emb-user"
+    record = rkeys.wait_usage_record(redis_client, raw.headers["x-request-id"])
+    assert record["end_user"] == "emb-user"
     bare = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3)
     assert rkeys.wait_usage_record(redis_client, rid_of(bare.id))["end_user"] is None
     # verbosity is refused like every unsupported parameter, naming itself, on both endpoints.

@@ -248,7 +248,8 @@ def test_responses_on_vllm(c: openai.OpenAI, redis_client: Any) -> None:
     out = text.usage.output_tokens
     assert text.status == ("incomplete" if out == 6 else "completed") and 1 <= out <= 6
     assert text.usage.input_tokens == prompt_tokens([{"role": "user", "content": "Say hello."}])
-    assert rkeys.wait_usage_record(redis_client, text.id.removeprefix("resp_"))["completion_tokens"] == out
+    record = rkeys.wait_usage_record(redis_client, text.id.removeprefix("resp_"))
+    assert record["completion_tokens"] == out
     # An enum, not a free string (see City): the random model's free strings break JSON.
     params = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}},
               "required": ["city"], "additionalProperties": False}

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import live_pool, procs, rkeys
-from tests.live_pool import HELLO, MODEL, POOL, SERVER_ENV, client, tenant_key
+from tests import live_pool, rkeys
+from tests.live_pool import HELLO, MODEL, SERVER_ENV, client, tenant_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 WORKER = "bigprompt-w1"

@@ -9,7 +9,6 @@ handful of requests and a leak of a single token would show.
 from __future__ import annotations
 
 import asyncio
-import json
 from decimal import Decimal
 from typing import Any
 

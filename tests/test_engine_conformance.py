@@ -24,10 +24,7 @@ The two vLLM backends skip, saying why, where vLLM is not installed; CI installs
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -40,6 +37,8 @@ import httpx
 import pytest
 
 from serving.tokenization import load_tokenizer
+from tests.llama_model import start_llama_server
+from tests.procs import Server
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -49,8 +48,6 @@ from workers.engine.base import (
     TokenDelta,
 )
 from workers.engine.registry import EngineConfigError, EngineSpec, build_engine
-from tests.llama_model import start_llama_server
-from tests.procs import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 SALT_A, SALT_B = "a" * 64, "b" * 64

@@ -8,15 +8,15 @@ Live processes: uvicorn and a Celery pool worker with the simulated engine (250 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import openai
 import pytest
 
 from tenants.models import ApiKey, Tenant
-from tests import live_pool, procs, rkeys
-from tests.live_pool import HELLO, MODEL, POOL, SERVER_ENV, client, rid_of, tenant_key
+from tests import live_pool, rkeys
+from tests.live_pool import HELLO, MODEL, SERVER_ENV, client, rid_of, tenant_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 WORKER = "revoke-w1"

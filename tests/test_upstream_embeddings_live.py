@@ -10,11 +10,8 @@ and the server's can be compared one to one. Skipped, saying why, without the ``
 from __future__ import annotations
 
 import base64
-import json
-import sys
 from array import array
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx

@@ -27,7 +27,7 @@ import pytest
 from infra.redis_conn import get_redis
 from serving.tokenization import load_tokenizer
 from tenants.models import Pool
-from tests import procs, rkeys
+from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.vllm_fixtures import KV_BYTES, MAX_MODEL_LEN, TinyModel
 
@@ -193,8 +193,7 @@ def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
         live: dict[str, Any], redis_client: Any) -> None:
     """Last in the module: it kills the worker's engine core (the worker brings it back)."""
     plain = new_key()
-    # As long as the context allows: the core is killed at the second chunk, and a loaded
-    # machine once relayed the first chunks only after 1,500 tokens had all been made (CI).
+    # As long as the context allows: the core is killed once two tokens are written.
     body = {"model": MODEL, "messages": HELLO, "max_tokens": LONG, "stream": True,
             "ignore_eos": True}
     events: list[dict[str, Any]] = []
@@ -202,12 +201,15 @@ def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
             "POST", live["url"] + "/v1/chat/completions", json=body,
             headers={"Authorization": f"Bearer {plain}"}) as resp:
         rid = resp.headers["x-request-id"]
+        # Killed once the worker has written tokens, read from Redis, not from the client's
+        # chunks: a loaded machine has relayed the first chunks only after every token was made.
+        procs.wait_until(lambda: faults.stream_tokens(redis_client, rid) >= 2, 60,
+                         "the first tokens", live["worker"], interval=0.02)
+        os.kill(_engine_core_pid(live["worker"].pid), signal.SIGKILL)
         for line in resp.iter_lines():
             if not line.startswith("data: {"):
                 continue
             events.append(json.loads(line[6:]))
-            if len(events) == 2:
-                os.kill(_engine_core_pid(live["worker"].pid), signal.SIGKILL)
             if "error" in events[-1]:
                 break
     error = events[-1].get("error")

@@ -5,7 +5,6 @@ submit() -> WFQ -> worker -> engine -> per-step XADD -> one reader -> events -> 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
 import time
