@@ -107,34 +107,23 @@ def live_system(django_db_setup, django_db_blocker,
     gateway answers. Whatever a module started stops when the module ends, or when the module
     moves on to its next Redis topology (the processes run on the topology they started on).
     """
-    from infra.redis_conn import get_redis
+    from contextlib import ExitStack
+
     from tests import procs
 
-    started: list[Any] = []
+    with ExitStack() as stacks:
 
-    def start(*, pool: str, worker_ids: Sequence[str], env: Mapping[str, str] | None = None,
-              prepare: Callable[[], object] | None = None) -> LiveSystem:
-        if prepare is not None:
-            with django_db_blocker.unblock():
-                prepare()
-        workers = {wid: procs.start_worker(pool, worker_id=wid, env=env) for wid in worker_ids}
-        started.extend(workers.values())
-        gateway, url = procs.start_uvicorn(env=env)
-        started.append(gateway)
-        try:
-            for wid, proc in workers.items():
-                procs.wait_for_worker(get_redis(), pool, wid, proc)
-            procs.wait_for_http(url + "/healthz", gateway)
-        except BaseException:
-            for proc in (*workers.values(), gateway):
-                print(f"--- {proc.name}\n{proc.logs()[-3000:]}")
-            raise
-        return LiveSystem(url=url, port=int(url.rsplit(":", 1)[1]), gateway=gateway,
-                          worker=next(iter(workers.values())), workers=workers, pool=pool)
+        def start(*, pool: str, worker_ids: Sequence[str], env: Mapping[str, str] | None = None,
+                  prepare: Callable[[], object] | None = None) -> LiveSystem:
+            if prepare is not None:
+                with django_db_blocker.unblock():
+                    prepare()
+            up = stacks.enter_context(procs.stack(dict.fromkeys(worker_ids, pool), env))
+            return LiveSystem(url=up.url, port=int(up.url.rsplit(":", 1)[1]),
+                              gateway=up.gateway, worker=next(iter(up.workers.values())),
+                              workers=up.workers, pool=pool)
 
-    yield start
-    for proc in reversed(started):
-        proc.stop()
+        yield start
 
 
 # ---- Redis topologies ------------------------------------------------------------------------

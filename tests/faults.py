@@ -118,6 +118,21 @@ def stream_many(url: str, plain: str | list[str], body: dict[str, Any], n: int, 
     return procs.arun(main())
 
 
+def hang_up_after(url: str, plain: str, body: dict[str, Any], events: int,
+                  timeout: float = 30.0) -> str:
+    """Stream ``body`` and hang up after ``events`` SSE events (a client gone mid-stream);
+    returns the request id."""
+    with httpx.Client(timeout=timeout) as http, http.stream(
+            "POST", url + "/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {plain}"}) as resp:
+        seen = 0
+        for line in resp.iter_lines():
+            seen += line.startswith("id: ")
+            if seen >= events:
+                break
+        return str(resp.headers["x-request-id"])
+
+
 def stream_one(url: str, plain: str, body: dict[str, Any], out: Outcome | None = None,
                timeout: float = 60.0) -> Outcome:
     """One stream, filling in ``out`` (when given) as it goes."""

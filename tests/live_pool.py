@@ -59,6 +59,22 @@ def ready(system: Any, redis_client: Any) -> Any:
     return system
 
 
+def fixtures(worker_id: str, env: Mapping[str, str] = SERVER_ENV) -> tuple[Any, Any]:
+    """A module's ``system`` (its processes, module-scoped) and ``live`` (``system`` once
+    ready, per test) fixtures: ``system, live = live_pool.fixtures("my-w1", ENV)``."""
+    import pytest
+
+    @pytest.fixture(scope="module", name="system")
+    def system_(live_system: Any) -> Any:
+        return start(live_system, worker_id, env)
+
+    @pytest.fixture(name="live")
+    def live_(system: Any, redis_client: Any) -> Any:
+        return ready(system, redis_client)
+
+    return system_, live_
+
+
 def tenant_key(**quota: Any) -> tuple[Any, str]:
     tenant = make_tenant(**quota)
     api_key, plain = make_key(tenant)

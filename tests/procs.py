@@ -194,6 +194,30 @@ def wedged_worker(pool: str, worker_id: str, every: float = 0.1) -> Iterator[Non
         get_redis().zrem(workers_key(pool), worker_id)
 
 
+class Stack:
+    """A gateway and its pool workers, started together (``stack``)."""
+
+    def __init__(self, url: str, gateway: Proc, workers: dict[str, Proc]) -> None:
+        self.url, self.gateway, self.workers = url, gateway, workers
+
+
+@contextlib.contextmanager
+def stack(workers: Mapping[str, str], env: Mapping[str, str] | None = None,
+          timeout: float = 60.0) -> Iterator[Stack]:
+    """Pool workers (``{worker id: pool}``) and a gateway, yielded once every worker has
+    registered and the gateway answers; all stopped when the block ends, each one's log tail
+    printed if it fails. The pools' rows must exist first (the workers read them at start)."""
+    from infra.redis_conn import get_redis
+
+    started = {wid: start_worker(pool, worker_id=wid, env=env) for wid, pool in workers.items()}
+    gateway, url = start_uvicorn(env=env)
+    with supervised(*started.values(), gateway):
+        for wid, proc in started.items():
+            wait_for_worker(get_redis(), workers[wid], wid, proc, timeout)
+        wait_for_http(url + "/healthz", gateway)
+        yield Stack(url, gateway, started)
+
+
 def start_uvicorn(
     *, port: int | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[Proc, str]:

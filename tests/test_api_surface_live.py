@@ -69,23 +69,9 @@ def ensure_pool() -> None:
 def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
     with django_db_blocker.unblock():
         ensure_pool()
-        worker = procs.start_worker(POOL, worker_id="surface-w1", env=ENV)
-        embedder = procs.start_worker(EMBED_POOL, worker_id="surface-e1", env=ENV)
-        gateway, url = procs.start_uvicorn(env=ENV)
-    from infra.redis_conn import get_redis
-
-    try:
-        procs.wait_for_worker(get_redis(), POOL, "surface-w1", worker)
-        procs.wait_for_worker(get_redis(), EMBED_POOL, "surface-e1", embedder)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "embedder": embedder, "gateway": gateway}
-    except BaseException:
-        print(worker.logs()[-3000:], embedder.logs()[-3000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
-        embedder.stop()
+    with procs.stack({"surface-w1": POOL, "surface-e1": EMBED_POOL}, env=ENV) as up:
+        yield {"url": up.url, "worker": up.workers["surface-w1"],
+               "embedder": up.workers["surface-e1"], "gateway": up.gateway}
 
 
 @pytest.fixture

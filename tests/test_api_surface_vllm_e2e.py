@@ -81,22 +81,10 @@ def system(tiny_vllm: Any, django_db_setup: Any, django_db_blocker: Any
            ) -> Iterator[dict[str, Any]]:
     with django_db_blocker.unblock():
         ensure_pool(tiny_vllm)
-        worker = procs.start_worker(POOL, worker_id=WORKER, env=ENV)
-        embedder = procs.start_worker(EMBED_POOL, worker_id=EMBED_WORKER, env=ENV)
-        gateway, url = procs.start_uvicorn(env=ENV)
-    try:
-        procs.wait_for_worker(get_redis(), POOL, WORKER, worker, timeout=vf.START_TIMEOUT_S)
-        procs.wait_for_worker(get_redis(), EMBED_POOL, EMBED_WORKER, embedder,
-                              timeout=vf.START_TIMEOUT_S)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "embedder": embedder, "tiny": tiny_vllm}
-    except BaseException:
-        print(worker.logs()[-4000:], embedder.logs()[-4000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
-        embedder.stop()
+    with procs.stack({WORKER: POOL, EMBED_WORKER: EMBED_POOL}, env=ENV,
+                     timeout=vf.START_TIMEOUT_S) as up:
+        yield {"url": up.url, "worker": up.workers[WORKER], "embedder": up.workers[EMBED_WORKER],
+               "tiny": tiny_vllm}
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
 
 import httpx
 import pytest
@@ -20,14 +19,7 @@ WORKER = "bigprompt-w1"
 ENV = {**SERVER_ENV, "MAX_REQUEST_BYTES": str(8_000_000), "OVERSIZE_REFUSALS_PER_MINUTE": "3"}
 
 
-@pytest.fixture(scope="module")
-def system(live_system) -> Any:
-    return live_pool.start(live_system, WORKER, ENV)
-
-
-@pytest.fixture
-def live(system, redis_client) -> Any:
-    return live_pool.ready(system, redis_client)
+system, live = live_pool.fixtures(WORKER, ENV)  # the processes, and each test's wait
 
 
 def _big_request(url: str, plain: str) -> httpx.Response:

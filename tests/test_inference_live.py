@@ -24,7 +24,7 @@ import pytest
 from infra.redis_conn import key
 from serving.tokenization import load_tokenizer
 from tenants.models import Pool
-from tests import procs, rkeys
+from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.live_pool import (
     HELLO,
@@ -358,16 +358,8 @@ def test_quota_holds_across_two_gateways(live, redis_client) -> None:
 def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -> None:
     api_key, plain = tenant_key()
     body = {"model": MODEL, "messages": HELLO, "max_tokens": 2000, "stream": True}
-    with httpx.Client(timeout=30) as http, http.stream(
-            "POST", live["url"] + "/v1/chat/completions", json=body,
-            headers={"Authorization": f"Bearer {plain}"}) as resp:
-        rid = resp.headers["x-request-id"]
-        seen = 0
-        for line in resp.iter_lines():
-            seen += line.startswith("id: ")
-            if seen >= 5:
-                break
-        closed_at = time.time()
+    rid = faults.hang_up_after(live["url"], plain, body, 5)
+    closed_at = time.time()
     record = rkeys.wait_usage_record(redis_client, rid)
     assert record["status"] == "cancelled"
     assert 5 <= record["completion_tokens"] < 2000

@@ -22,14 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 WORKER = "revoke-w1"
 
 
-@pytest.fixture(scope="module")
-def system(live_system) -> Any:
-    return live_pool.start(live_system, WORKER, SERVER_ENV)
-
-
-@pytest.fixture
-def live(system, redis_client) -> Any:
-    return live_pool.ready(system, redis_client)
+system, live = live_pool.fixtures(WORKER, SERVER_ENV)  # the processes, and each test's wait
 
 
 def _stream_then(url: str, plain: str, act: Callable[[], None]) -> tuple[int, float, Any, str]:

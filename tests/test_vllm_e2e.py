@@ -24,7 +24,6 @@ import httpx
 import openai
 import pytest
 
-from infra.redis_conn import get_redis
 from serving.tokenization import load_tokenizer
 from tenants.models import Pool
 from tests import faults, procs, rkeys
@@ -62,18 +61,9 @@ def system(tiny_vllm: TinyModel, django_db_setup: Any,
            django_db_blocker: Any) -> Iterator[dict[str, Any]]:
     with django_db_blocker.unblock():
         ensure_pool(tiny_vllm)
-        worker = procs.start_worker(POOL, worker_id=WORKER, env=ENV)
-        gateway, url = procs.start_uvicorn(env=ENV)
-    try:
-        procs.wait_for_worker(get_redis(), POOL, WORKER, worker, timeout=ENGINE_START_S)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "gateway": gateway, "tiny": tiny_vllm}
-    except BaseException:
-        print(worker.logs()[-4000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
+    with procs.stack({WORKER: POOL}, env=ENV, timeout=ENGINE_START_S) as up:
+        yield {"url": up.url, "worker": up.workers[WORKER], "gateway": up.gateway,
+               "tiny": tiny_vllm}
 
 
 @pytest.fixture
@@ -161,15 +151,7 @@ def test_a_client_gone_mid_stream_frees_the_sequence_in_vllm(live: dict[str, Any
                                                              redis_client: Any) -> None:
     body = {"model": MODEL, "messages": HELLO, "max_tokens": LONG, "stream": True,
             "ignore_eos": True}
-    with httpx.Client(timeout=60) as http, http.stream(
-            "POST", live["url"] + "/v1/chat/completions", json=body,
-            headers={"Authorization": f"Bearer {new_key()}"}) as resp:
-        rid = resp.headers["x-request-id"]
-        seen = 0
-        for line in resp.iter_lines():
-            seen += line.startswith("id: ")
-            if seen >= 5:
-                break
+    rid = faults.hang_up_after(live["url"], new_key(), body, 5, timeout=60)
     record = rkeys.wait_usage_record(redis_client, rid, 30)
     # vLLM stopped the sequence early: the abort reached it (it would have run to LONG).
     assert record["status"] == "cancelled"
