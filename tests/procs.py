@@ -203,17 +203,19 @@ class Stack:
 
 @contextlib.contextmanager
 def stack(workers: Mapping[str, str], env: Mapping[str, str] | None = None,
-          timeout: float = 60.0) -> Iterator[Stack]:
-    """Pool workers (``{worker id: pool}``) and a gateway, yielded once every worker has
-    registered and the gateway answers; all stopped when the block ends, each one's log tail
-    printed if it fails. The pools' rows must exist first (the workers read them at start)."""
+          timeout: float = 60.0, *, port: int | None = None,
+          redis_client: Any = None) -> Iterator[Stack]:
+    """Pool workers (``{worker id: pool}``) and a gateway (on ``port``, or a free one), yielded
+    once every worker has registered (in ``redis_client``, the test's Redis by default) and the
+    gateway answers; all stopped when the block ends, each one's log tail printed if it fails.
+    The pools' rows must exist first (the workers read them at start)."""
     from infra.redis_conn import get_redis
 
     started = {wid: start_worker(pool, worker_id=wid, env=env) for wid, pool in workers.items()}
-    gateway, url = start_uvicorn(env=env)
+    gateway, url = start_uvicorn(port=port, env=env)
     with supervised(*started.values(), gateway):
         for wid, proc in started.items():
-            wait_for_worker(get_redis(), workers[wid], wid, proc, timeout)
+            wait_for_worker(redis_client or get_redis(), workers[wid], wid, proc, timeout)
         wait_for_http(url + "/healthz", gateway)
         yield Stack(url, gateway, started)
 
