@@ -47,18 +47,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.procs import free_port, wait_until  # noqa: E402  (no Django needed)
+from tests.redis_procs import RedisServer  # noqa: E402  (no Django needed)
 
 
-def start_private_redis() -> subprocess.Popen[bytes]:
-    port = free_port()
-    workdir = tempfile.mkdtemp(prefix="igw-redis-cost-")
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", workdir],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    os.environ["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"  # read by Django's settings below
-    return proc
+def start_private_redis() -> RedisServer:
+    server = RedisServer("igw-redis-cost-").start()
+    os.environ["REDIS_URL"] = server.url  # read by Django's settings below
+    return server
 
 
 REDIS_PROC = start_private_redis()
@@ -217,8 +212,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     engine = {"decode_tokens_per_s": args.per_stream, "pool_tokens_per_s": None,
               "prefill_tokens_per_s": 1e7}
     try:
-        wait_until(lambda: redis.Redis.from_url(os.environ["REDIS_URL"]).ping(), 10,
-                   "the private redis-server")
         with System(backend_settings=engine, max_sequences=args.concurrency + 16,
                     tenants=[TenantSpec("bench", quota=QUOTA)]) as system:
             r = redis.Redis.from_url(os.environ["REDIS_URL"])
@@ -230,8 +223,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             long = run_phase(system, r, args.requests, args.long, args.concurrency, idle)
             trips = measure_trips(system, args)
     finally:
-        REDIS_PROC.kill()
-        REDIS_PROC.wait(10)
+        REDIS_PROC.stop()
     cost = solve_cost(short, long)
     print(f"idle: {idle['cpu_s'] / idle['seconds'] * 1e3:.1f} ms CPU/s, "
           f"{idle['commands'] / idle['seconds']:.0f} commands/s (subtracted)")
@@ -274,6 +266,11 @@ def ab(args: argparse.Namespace) -> None:
     base = Path(args.baseline).resolve()
     copy = base / "bench" / "_redis_cost_ab.py"
     shutil.copy(__file__, copy)
+    # The Redis starter it imports, for a baseline older than it (removed afterwards).
+    starter = base / "tests" / "redis_procs.py"
+    lent = not starter.exists()
+    if lent:
+        shutil.copy(ROOT / "tests" / "redis_procs.py", starter)
     with tempfile.TemporaryDirectory() as tmp:
         outs = []
         for root, script in ((base, copy), (ROOT, Path(__file__).resolve())):
@@ -288,7 +285,9 @@ def ab(args: argparse.Namespace) -> None:
                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *rest])})
             outs.append(json.loads(path.read_text()))
     copy.unlink()
-    REDIS_PROC.kill()
+    if lent:
+        starter.unlink()
+    REDIS_PROC.stop()
     print_ab(outs[0], outs[1])
 
 

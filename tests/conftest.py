@@ -75,6 +75,17 @@ def audit_truncate_for_flush():
     connection_created.disconnect(_allow_audit_truncate)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fast_flush():
+    """Transactional tests empty the database by DELETE of the tables that hold rows, not a
+    TRUNCATE of all of them plus post_migrate (tests/fast_flush.py)."""
+    from tests import fast_flush as flush
+
+    undo = flush.install()
+    yield
+    undo()
+
+
 class LiveSystem(TypedDict):
     """A running gateway and its pool's workers (real subprocesses)."""
 
@@ -87,38 +98,83 @@ class LiveSystem(TypedDict):
 
 
 @pytest.fixture(scope="module")
-def live_system(django_db_setup, django_db_blocker) -> Iterator[Callable[..., LiveSystem]]:
+def live_system(django_db_setup, django_db_blocker,
+                redis_topology: str) -> Iterator[Callable[..., LiveSystem]]:
     """Start a live system: ``live_system(pool=..., worker_ids=[...], env=..., prepare=...)``.
 
     ``prepare`` puts the rows the processes read at start (it runs with the database open to
     this module-scoped fixture); the call returns once every worker has registered and the
-    gateway answers. Whatever a module started stops when the module ends.
+    gateway answers. Whatever a module started stops when the module ends, or when the module
+    moves on to its next Redis topology (the processes run on the topology they started on).
     """
-    from infra.redis_conn import get_redis
+    from contextlib import ExitStack
+
     from tests import procs
 
-    started: list[Any] = []
+    with ExitStack() as stacks:
 
-    def start(*, pool: str, worker_ids: Sequence[str], env: Mapping[str, str] | None = None,
-              prepare: Callable[[], object] | None = None) -> LiveSystem:
-        if prepare is not None:
-            with django_db_blocker.unblock():
-                prepare()
-        workers = {wid: procs.start_worker(pool, worker_id=wid, env=env) for wid in worker_ids}
-        started.extend(workers.values())
-        gateway, url = procs.start_uvicorn(env=env)
-        started.append(gateway)
+        def start(*, pool: str, worker_ids: Sequence[str], env: Mapping[str, str] | None = None,
+                  prepare: Callable[[], object] | None = None) -> LiveSystem:
+            if prepare is not None:
+                with django_db_blocker.unblock():
+                    prepare()
+            up = stacks.enter_context(procs.stack(dict.fromkeys(worker_ids, pool), env))
+            return LiveSystem(url=up.url, port=int(up.url.rsplit(":", 1)[1]),
+                              gateway=up.gateway, worker=next(iter(up.workers.values())),
+                              workers=up.workers, pool=pool)
+
+        yield start
+
+
+# ---- Redis topologies ------------------------------------------------------------------------
+# A test marked ``redis_topologies("single", "cluster")`` (module-wide through ``pytestmark``,
+# or one test; the closest mark wins) runs once per topology: "single" is the test Redis,
+# "cluster" a real three-primary Redis Cluster (tests/redis_cluster.py, ADR 0018). Under the
+# cluster every client of this process is a cluster client (``REDIS_CLUSTER_NODES``), the
+# processes a test starts inherit the setting (tests/procs.py child_env), and ``redis_client``
+# is the cluster; Redis Cluster refuses a script or a multi-key command whose keys span slots
+# (CROSSSLOT), so a key that lost its hash tag fails those tests. The cluster variants start
+# processes, so they are ``integration`` (out of the unit lane).
+TOPOLOGIES_MARK = "redis_topologies"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    mark = metafunc.definition.get_closest_marker(TOPOLOGIES_MARK)
+    if mark is None:
+        return
+    params = [pytest.param(name, marks=[pytest.mark.integration] if name != "single" else [])
+              for name in mark.args]
+    metafunc.parametrize("redis_topology", params, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """One real Redis Cluster for this (xdist worker) process, started when first asked for."""
+    from tests.redis_cluster import RedisCluster
+
+    started = RedisCluster().start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def redis_topology(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The Redis topology the module's tests run on now ("single" unless parametrized)."""
+    topology = getattr(request, "param", "single")
+    if topology == "single":
+        yield topology
+        return
+    assert topology == "cluster", topology
+    from django.test import override_settings
+
+    from tests.redis_cluster import fresh_redis_clients
+
+    cluster = request.getfixturevalue("redis_cluster")
+    with override_settings(REDIS_CLUSTER_NODES=[("127.0.0.1", p) for p in cluster.ports]):
+        fresh_redis_clients()
         try:
-            for wid, proc in workers.items():
-                procs.wait_for_worker(get_redis(), pool, wid, proc)
-            procs.wait_for_http(url + "/healthz", gateway)
-        except BaseException:
-            for proc in (*workers.values(), gateway):
-                print(f"--- {proc.name}\n{proc.logs()[-3000:]}")
-            raise
-        return LiveSystem(url=url, port=int(url.rsplit(":", 1)[1]), gateway=gateway,
-                          worker=next(iter(workers.values())), workers=workers, pool=pool)
-
-    yield start
-    for proc in reversed(started):
-        proc.stop()
+            yield topology
+        finally:
+            fresh_redis_clients()

@@ -2,7 +2,6 @@
 
 - ``stream_many``: N concurrent streaming chat requests over raw HTTP/SSE, each outcome
   recorded (status, request id, tokens seen, error code, when it ended);
-- ``RedisServer``: a private ``redis-server`` on a free port that a test can stop and restart;
 - ``TcpProxy``: a tiny asyncio TCP proxy in a thread (in front of PostgreSQL) that a test can
   cut and restore, so a "database outage" never touches the shared server;
 - ``baseline``: every counter that must return to zero once everything has settled.
@@ -13,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,9 +45,12 @@ class Outcome:
 
 
 async def one_stream(client: httpx.AsyncClient, url: str, plain: str, body: dict[str, Any],
-                     started: asyncio.Event | None = None, resume: str | None = None) -> Outcome:
-    """One streaming request; ``resume``: a Last-Event-ID to continue a stream from."""
-    out = Outcome(started=time.monotonic())
+                     started: asyncio.Event | None = None, resume: str | None = None,
+                     out: Outcome | None = None) -> Outcome:
+    """One streaming request; ``resume``: a Last-Event-ID to continue a stream from; ``out``:
+    the outcome to fill in as events arrive (another thread may watch it)."""
+    out = out if out is not None else Outcome()
+    out.started = time.monotonic()
     headers = {"Authorization": f"Bearer {plain}"}
     if resume:
         headers["Last-Event-ID"] = resume
@@ -118,10 +118,34 @@ def stream_many(url: str, plain: str | list[str], body: dict[str, Any], n: int, 
     return procs.arun(main())
 
 
+def hang_up_after(url: str, plain: str, body: dict[str, Any], events: int,
+                  timeout: float = 30.0) -> str:
+    """Stream ``body`` and hang up after ``events`` SSE events (a client gone mid-stream);
+    returns the request id."""
+    with httpx.Client(timeout=timeout) as http, http.stream(
+            "POST", url + "/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {plain}"}) as resp:
+        seen = 0
+        for line in resp.iter_lines():
+            seen += line.startswith("id: ")
+            if seen >= events:
+                break
+        return str(resp.headers["x-request-id"])
+
+
+def stream_one(url: str, plain: str, body: dict[str, Any], out: Outcome | None = None,
+               timeout: float = 60.0) -> Outcome:
+    """One stream, filling in ``out`` (when given) as it goes."""
+    async def main() -> Outcome:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            return await one_stream(client, url, plain, body, out=out)
+
+    return procs.arun(main())
+
+
 def settled_records(r: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for raw in rkeys.usage_raw(r):
-        rec = json.loads(raw)
+    for rec in rkeys.usage_records(r):
         assert rec["request_id"] not in out, f"two records for {rec['request_id']}"
         out[rec["request_id"]] = rec
     return out
@@ -185,36 +209,6 @@ def pct(values: list[float], q: float) -> float:
 
 
 # -- a private Redis ----------------------------------------------------------------------
-
-
-class RedisServer:
-    """``redis-server`` without persistence on a free port: stop() and start() it at will."""
-
-    def __init__(self) -> None:
-        self.port = procs.free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--bind", "127.0.0.1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        procs.wait_until(self._answers, 10, f"redis on {self.port}")
-
-    def _answers(self) -> bool:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
-            return True
-        return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
 
 
 # -- a TCP proxy that can be cut ------------------------------------------------------------

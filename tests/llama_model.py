@@ -13,11 +13,16 @@ Needs the ``gguf`` and ``numpy`` packages (the ``llama`` extra installs both).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.tokenization import sim_model_dir
+
+if TYPE_CHECKING:
+    from tests.procs import Server
 
 WIDTH = 64
 HEADS = 4
@@ -25,6 +30,10 @@ KV_HEADS = 2
 LAYERS = 2
 FFN = 128
 CONTEXT = 2048
+
+# What running llama.cpp's server needs (the ``llama`` extra); None when all is installed.
+LLAMA_MISSING = next((m for m in ("llama_cpp", "gguf", "numpy")
+                      if importlib.util.find_spec(m) is None), None)
 
 # GGUF token types (llama.cpp's LLAMA_TOKEN_TYPE_*)
 NORMAL, CONTROL = 1, 3
@@ -108,6 +117,24 @@ def write_tiny_llama(path: str | Path, model_dir: str | Path | None = None, seed
     w.close()
     return out
 
+
+def start_llama_server(tmp: Path, purpose: str, *extra: str, pooling: str | None = None) -> Server:
+    """llama.cpp's server (llama-cpp-python) on the tiny model written into ``tmp``, one thread
+    (the machine is shared); ``extra`` are more server options. Skips the test, saying why,
+    without the ``llama`` extra."""
+    import pytest
+
+    from tests import procs
+
+    if LLAMA_MISSING:
+        pytest.skip(f"{LLAMA_MISSING} is not installed: pip install -e '.[llama]' to run "
+                    f"llama.cpp's server {purpose}")
+    model = write_tiny_llama(tmp / "tiny.gguf", pooling=pooling)
+    port = procs.free_port()
+    return procs.Server([sys.executable, "-m", "llama_cpp.server", "--model", str(model),
+                         "--model_alias", "tiny", "--port", str(port), "--n_ctx", str(CONTEXT),
+                         "--n_threads", "1", *extra],
+                        f"http://127.0.0.1:{port}", "/v1/models", tmp / "server.log")
 
 if __name__ == "__main__":
     print(write_tiny_llama(sys.argv[1] if len(sys.argv) > 1 else "tiny-llama.gguf"))

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -85,3 +87,19 @@ def token(key: Any, *, kid: str = "k1", alg: str = "RS256", **overrides: Any) ->
 
 def call(tok: str) -> Any:
     return authenticate_request({"Authorization": f"Bearer {tok}"}, "203.0.113.9")
+
+
+@contextlib.contextmanager
+def fresh_jwks(keys: list[dict[str, Any]]) -> Iterator[JwksServer]:
+    """A JWKS server serving ``keys``, the gateway's JWKS and auth caches emptied around it
+    (keys another test's server served must not answer for this one)."""
+    from tenants import auth, oidc
+
+    server = JwksServer(keys)
+    oidc.jwks_cache.clear()
+    auth.clear_cache()
+    try:
+        yield server
+    finally:
+        server.close()
+        oidc.jwks_cache.clear()

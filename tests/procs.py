@@ -52,6 +52,9 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         )
     env["REDIS_URL"] = redis_url()
     env["REDIS_KEY_PREFIX"] = settings.REDIS_KEY_PREFIX
+    # On a Redis Cluster (tests/conftest.py redis_topology) the children use it too; REDIS_URL
+    # stays their Celery broker, a plain Redis (ADR 0018).
+    env["REDIS_CLUSTER_NODES"] = ",".join(f"{h}:{p}" for h, p in settings.REDIS_CLUSTER_NODES)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -191,6 +194,32 @@ def wedged_worker(pool: str, worker_id: str, every: float = 0.1) -> Iterator[Non
         get_redis().zrem(workers_key(pool), worker_id)
 
 
+class Stack:
+    """A gateway and its pool workers, started together (``stack``)."""
+
+    def __init__(self, url: str, gateway: Proc, workers: dict[str, Proc]) -> None:
+        self.url, self.gateway, self.workers = url, gateway, workers
+
+
+@contextlib.contextmanager
+def stack(workers: Mapping[str, str], env: Mapping[str, str] | None = None,
+          timeout: float = 60.0, *, port: int | None = None,
+          redis_client: Any = None) -> Iterator[Stack]:
+    """Pool workers (``{worker id: pool}``) and a gateway (on ``port``, or a free one), yielded
+    once every worker has registered (in ``redis_client``, the test's Redis by default) and the
+    gateway answers; all stopped when the block ends, each one's log tail printed if it fails.
+    The pools' rows must exist first (the workers read them at start)."""
+    from infra.redis_conn import get_redis
+
+    started = {wid: start_worker(pool, worker_id=wid, env=env) for wid, pool in workers.items()}
+    gateway, url = start_uvicorn(port=port, env=env)
+    with supervised(*started.values(), gateway):
+        for wid, proc in started.items():
+            wait_for_worker(redis_client or get_redis(), workers[wid], wid, proc, timeout)
+        wait_for_http(url + "/healthz", gateway)
+        yield Stack(url, gateway, started)
+
+
 def start_uvicorn(
     *, port: int | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[Proc, str]:
@@ -257,3 +286,37 @@ def _cancel_leftovers(loop: Any, timeout: float = 10.0) -> None:
     for task in stuck:
         print(f"arun: a task did not end within {timeout} s of its cancel: {task!r}")
         task.print_stack()
+
+
+class Server:
+    """A test's HTTP server process (an upstream engine, llama.cpp's server), up once ``probe``
+    answers 200; its output goes to ``log``."""
+
+    def __init__(self, args: list[str], url: str, probe: str, log: Path) -> None:
+        import httpx
+
+        self.url, self.log = url, log
+        self._out = log.open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its log is read while it runs
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
+                                     env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{args[2]} exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + probe, timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"{args[2]} did not start: {log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()

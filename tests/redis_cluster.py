@@ -12,7 +12,6 @@ trying the gateway against a cluster by hand); Ctrl-C stops it.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from typing import Any
 
@@ -65,17 +64,11 @@ class RedisCluster(RedisProcs):
                                                    self.bus_ports[0])
 
     def _spawn(self, port: int) -> None:
-        log = open(self.dir / f"{port}.log", "wb")  # noqa: SIM115  (closed with the process)
-        self.procs[port] = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "no",
-             "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-             "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-             # The bus port defaults to port + 10000, past 65535 for a high free port.
-             "--cluster-port", str(self.bus_ports[self.ports.index(port)]),
-             "--cluster-node-timeout", str(NODE_TIMEOUT_MS)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        procs.wait_until(lambda: self._ping(port), 10, f"redis on {port}")
+        self.spawn(port, port, "--cluster-enabled", "yes",
+                   "--cluster-config-file", f"nodes-{port}.conf",
+                   # The bus port defaults to port + 10000, past 65535 for a high free port.
+                   "--cluster-port", str(self.bus_ports[self.ports.index(port)]),
+                   "--cluster-node-timeout", str(NODE_TIMEOUT_MS))
 
     def _ready(self) -> bool:
         """Every node says the cluster is ok, and knows every other node."""
@@ -99,6 +92,20 @@ class RedisCluster(RedisProcs):
         node = self.client().get_node_from_key(key)
         return int(node.port)
 
+
+def fresh_redis_clients() -> None:
+    """Forget this process's Redis clients, so the next ones follow the current settings."""
+    from infra import redis_conn
+    from serving import wfq
+
+    redis_conn.get_redis.cache_clear()
+    redis_conn.redis_url.cache_clear()
+    redis_conn.async_clients.clear()
+    # Dispatchers made on a client: the sync shortcuts' cached one, each loop's async one.
+    for cached in (getattr(wfq, "_default", None), getattr(wfq, "_async_wfqs", None)):
+        for forget in ("cache_clear", "clear"):
+            if hasattr(cached, forget):
+                getattr(cached, forget)()
 
 
 if __name__ == "__main__":

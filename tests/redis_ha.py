@@ -7,8 +7,6 @@ temporary directory) and detect a dead primary after ``DOWN_AFTER_MS``.
 
 from __future__ import annotations
 
-import signal
-import subprocess
 from typing import Any
 
 import redis
@@ -41,8 +39,8 @@ class SentinelGroup(RedisProcs):
 
     def start(self) -> SentinelGroup:
         primary, replica = self.data_ports
-        self._spawn(primary, ["--port", str(primary)])
-        self._spawn(replica, ["--port", str(replica), "--replicaof", "127.0.0.1", str(primary)])
+        self.spawn(primary, primary)
+        self.spawn(replica, replica, "--replicaof", "127.0.0.1", str(primary))
         procs.wait_until(lambda: self._info(replica).get("master_link_status") == "up", 15,
                          "the replica to sync")
         for port in self.sentinel_ports:
@@ -54,20 +52,9 @@ class SentinelGroup(RedisProcs):
                 f"sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {MASTER} {FAILOVER_TIMEOUT_MS}\n"
                 f"sentinel parallel-syncs {MASTER} 1\n")
-            self._spawn(port, [str(conf), "--sentinel"])
+            self.spawn(port, port, sentinel_conf=conf)
         procs.wait_until(self._sentinels_agree, 20, "the sentinels to find each other")
         return self
-
-    def _spawn(self, port: int, args: list[str]) -> None:
-        # --dir: a replica's full sync writes an RDB file there, whatever --save says.
-        base = [] if "--sentinel" in args else ["--save", "", "--appendonly", "no", "--bind",
-                                                 "127.0.0.1", "--daemonize", "no",
-                                                 "--dir", str(self.dir)]
-        log = open(self.dir / f"{port}.log", "wb")  # noqa: SIM115  (closed with the process)
-        self.procs[port] = subprocess.Popen(["redis-server", *args, *base], stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        procs.wait_until(lambda: self._ping(port), 10, f"redis on {port}")
 
     def _info(self, port: int) -> dict[str, Any]:
         try:
@@ -100,8 +87,7 @@ class SentinelGroup(RedisProcs):
     def kill_master(self) -> int:
         """SIGKILL the current primary, as a lost machine; returns its port."""
         port = self.master_port()
-        self.procs[port].send_signal(signal.SIGKILL)
-        self.procs[port].wait(10)
+        self.kill(port)
         return port
 
     def request_failover(self) -> int:

@@ -28,6 +28,8 @@ __all__ = [
     "tenant_bucket",
     "tenant_key",
     "usage_raw",
+    "usage_records",
+    "wait_usage_record",
     "worker_key",
     "workers_key",
 ]
@@ -50,6 +52,24 @@ def tenant_bucket(tenant_id: object, kind: str) -> str:
 def usage_raw(r: Any) -> list[bytes]:
     """Every pool's pending usage records, oldest first within a pool."""
     return [raw for pool in pool_names(r) for raw in r.lrange(pending_key(pool), 0, -1)]
+
+
+def usage_records(r: Any) -> list[dict[str, Any]]:
+    """Every pool's pending usage records, parsed (``usage_raw``'s order)."""
+    import json
+
+    return [json.loads(raw) for raw in usage_raw(r)]
+
+
+def wait_usage_record(r: Any, rid: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The usage record of request ``rid``, once it is settled (records are written when the
+    request ends, which a live test sees a little after its reply)."""
+    from tests import procs
+
+    def find() -> dict[str, Any] | None:
+        return next((rec for rec in usage_records(r) if rec["request_id"] == rid), None)
+
+    return procs.wait_until(find, timeout, f"usage record of {rid}")  # type: ignore[return-value]
 
 
 def _pool_of(r: Any, rid: str) -> str | None:

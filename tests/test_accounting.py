@@ -29,6 +29,10 @@ from serving.keys import deadlines_key, req_key, stream_key, usage_pending_key
 from serving.lua import script
 from tests.procs import arun
 
+# Run on one Redis and again on a real Redis Cluster (tests/conftest.py redis_topology): every
+# script's keys must stay in one slot.
+pytestmark = pytest.mark.redis_topologies("single", "cluster")
+
 T0 = 1_000_000.0  # virtual time: no refill happens unless a test moves it
 
 
@@ -268,6 +272,7 @@ def _admit_process(url: str, worker: int, n: int, results: mp.Queue) -> None:
     results.put(_admit_many(url, worker, n))
 
 
+@pytest.mark.redis_topologies("single")  # statistics of arithmetic that slots do not change
 def test_concurrent_admits_never_over_admit(redis_client):
     """Threads and processes race for 600 output tokens at 7 a request: exactly 85 fit."""
     url = redis_url()
@@ -287,6 +292,7 @@ def test_concurrent_admits_never_over_admit(redis_client):
     assert counter(redis_client, "conc", "tenant", 1) == 600 // 7
 
 
+@pytest.mark.redis_topologies("single")  # statistics of arithmetic that slots do not change
 def test_counters_return_to_zero_after_a_random_mix(redis_client):
     """Random admits, settles (some twice), across tenants and keys, with time moving."""
     rng = random.Random(7)

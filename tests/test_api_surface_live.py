@@ -69,23 +69,9 @@ def ensure_pool() -> None:
 def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
     with django_db_blocker.unblock():
         ensure_pool()
-        worker = procs.start_worker(POOL, worker_id="surface-w1", env=ENV)
-        embedder = procs.start_worker(EMBED_POOL, worker_id="surface-e1", env=ENV)
-        gateway, url = procs.start_uvicorn(env=ENV)
-    from infra.redis_conn import get_redis
-
-    try:
-        procs.wait_for_worker(get_redis(), POOL, "surface-w1", worker)
-        procs.wait_for_worker(get_redis(), EMBED_POOL, "surface-e1", embedder)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "embedder": embedder, "gateway": gateway}
-    except BaseException:
-        print(worker.logs()[-3000:], embedder.logs()[-3000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
-        embedder.stop()
+    with procs.stack({"surface-w1": POOL, "surface-e1": EMBED_POOL}, env=ENV) as up:
+        yield {"url": up.url, "worker": up.workers["surface-w1"],
+               "embedder": up.workers["surface-e1"], "gateway": up.gateway}
 
 
 @pytest.fixture
@@ -109,14 +95,6 @@ def aclient(live: dict[str, Any]) -> openai.AsyncOpenAI:
 
 def rid_of(response_id: str) -> str:
     return response_id.split("-", 1)[1]
-
-
-def wait_record(redis_client, rid: str) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
-        records = [json.loads(r) for r in rkeys.usage_raw(redis_client)]
-        return next((r for r in records if r["request_id"] == rid), None)
-
-    return procs.wait_until(find, 10, f"usage record of {rid}")  # type: ignore[return-value]
 
 
 def prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -148,7 +126,7 @@ def test_named_tool_call_sync_counts_tool_definitions(live, redis_client) -> Non
     # The tool definitions are part of the prompt the engine ran, and charged as such.
     assert reply.usage.prompt_tokens == prompt_tokens(ASK, [WEATHER, TIME])
     assert reply.usage.prompt_tokens > prompt_tokens(ASK)
-    record = wait_record(redis_client, rid_of(reply.id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(reply.id))
     assert (record["prompt_tokens"], record["completion_tokens"]) == (
         reply.usage.prompt_tokens, reply.usage.completion_tokens)
 
@@ -335,7 +313,7 @@ def test_n_choices_charge_n_times_max_tokens_and_settle_exactly(live, redis_clie
     per_choice = [len(TOK.encode(t)) for t in texts]
     assert reply.usage.prompt_tokens == prompt_tokens(ASK)  # the prompt once
     assert reply.usage.completion_tokens >= sum(per_choice) - 3
-    record = wait_record(redis_client, rid_of(reply.id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(reply.id))
     assert record["completion_tokens"] == reply.usage.completion_tokens
     charged = redis_client.hget(rkeys.req_key(POOL, rid_of(reply.id)), "charged_out")
     if charged is not None:
@@ -356,7 +334,7 @@ def test_n_choices_are_reserved_up_front_and_refunded_to_the_exact_use(live,
     reply = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=20, n=2)
     used = reply.usage.completion_tokens
     assert 2 <= used <= 40
-    wait_record(redis_client, rid_of(reply.id))
+    rkeys.wait_usage_record(redis_client, rid_of(reply.id))
     level = float(redis_client.hget(rkeys.tenant_bucket(tenant.pk, "out"), "level"))
     # 40 reserved, 40 - used returned at settlement; the refill (1 token a minute) is < 0.5.
     assert 59 - used <= level < 59 - used + 0.5
@@ -378,7 +356,7 @@ def test_a_disconnect_aborts_every_choice_and_bills_what_was_sent(live, redis_cl
                 indexes.update(c["index"] for c in choices if c["delta"].get("content"))
             if len(indexes) == 3:
                 break
-    record = wait_record(redis_client, rid)
+    record = rkeys.wait_usage_record(redis_client, rid)
     assert record["status"] == "cancelled"
     assert 3 <= record["completion_tokens"] < 4500
 
@@ -396,7 +374,7 @@ def test_one_failing_choice_fails_the_request_and_stops_the_others(live, redis_c
         raw.create(model=MODEL, messages=ASK, max_tokens=400, n=2, seed=FAULT_SEED - 1,
                    extra_body={"ignore_eos": True})
     assert err.value.code == "engine_error"
-    record = wait_record(redis_client, err.value.response.headers["x-request-id"])
+    record = rkeys.wait_usage_record(redis_client, err.value.response.headers["x-request-id"])
     assert record["status"] == "error"
     assert 3 <= record["completion_tokens"] < 800  # what was delivered, not the reservation
 
@@ -639,17 +617,19 @@ def test_safety_identifier_is_recorded_as_the_end_user(live, redis_client) -> No
     c = client(live)
     reply = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, user="old-id",
                                       safety_identifier="user-42", prompt_cache_key="conv-1")
-    assert wait_record(redis_client, rid_of(reply.id))["end_user"] == "user-42"
+    assert rkeys.wait_usage_record(redis_client, rid_of(reply.id))["end_user"] == "user-42"
     resp = c.responses.create(model=MODEL, input="Hi", max_output_tokens=3,
                               safety_identifier="user-43", prompt_cache_key="conv-1")
     assert resp.safety_identifier == "user-43" and resp.prompt_cache_key == "conv-1"
-    assert wait_record(redis_client, resp.id.removeprefix("resp_"))["end_user"] == "user-43"
+    record = rkeys.wait_usage_record(redis_client, resp.id.removeprefix("resp_"))
+    assert record["end_user"] == "user-43"
     legacy = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, user="old-id")
-    assert wait_record(redis_client, rid_of(legacy.id))["end_user"] == "old-id"
+    assert rkeys.wait_usage_record(redis_client, rid_of(legacy.id))["end_user"] == "old-id"
     raw = c.embeddings.with_raw_response.create(model=EMBED, input="x", user="emb-user")
-    assert wait_record(redis_client, raw.headers["x-request-id"])["end_user"] == "emb-user"
+    record = rkeys.wait_usage_record(redis_client, raw.headers["x-request-id"])
+    assert record["end_user"] == "emb-user"
     bare = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3)
-    assert wait_record(redis_client, rid_of(bare.id))["end_user"] is None
+    assert rkeys.wait_usage_record(redis_client, rid_of(bare.id))["end_user"] is None
     # verbosity is refused like every unsupported parameter, naming itself, on both endpoints.
     with pytest.raises(openai.BadRequestError) as err:
         c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3, verbosity="low")
@@ -669,7 +649,7 @@ def test_responses_text_tools_and_stream_events(live, redis_client) -> None:
     assert text.object == "response" and text.status == "incomplete"
     assert text.output_text and text.usage.output_tokens == 6
     assert text.usage.input_tokens == prompt_tokens([{"role": "user", "content": "Say hello."}])
-    record = wait_record(redis_client, text.id.removeprefix("resp_"))
+    record = rkeys.wait_usage_record(redis_client, text.id.removeprefix("resp_"))
     assert record["completion_tokens"] == 6
     tools = [{"type": "function", "name": "get_weather", "parameters":
               WEATHER["function"]["parameters"], "strict": True}]
@@ -728,7 +708,7 @@ def test_embeddings_float_base64_dimensions_and_metering(live, redis_client) -> 
     with pytest.raises(openai.BadRequestError) as err:
         c.embeddings.create(model=EMBED, input=texts[0], dimensions=4096)
     assert (err.value.code, err.value.param) == ("engine_refused", "dimensions")
-    record = wait_record(redis_client, raw.headers["x-request-id"])
+    record = rkeys.wait_usage_record(redis_client, raw.headers["x-request-id"])
     assert (record["prompt_tokens"], record["completion_tokens"], record["status"]) == (
         expected, 0, "ok")
     procs.wait_until(lambda: concurrency(redis_client, live["key"]) == 0, 5, "slot back")

@@ -81,22 +81,10 @@ def system(tiny_vllm: Any, django_db_setup: Any, django_db_blocker: Any
            ) -> Iterator[dict[str, Any]]:
     with django_db_blocker.unblock():
         ensure_pool(tiny_vllm)
-        worker = procs.start_worker(POOL, worker_id=WORKER, env=ENV)
-        embedder = procs.start_worker(EMBED_POOL, worker_id=EMBED_WORKER, env=ENV)
-        gateway, url = procs.start_uvicorn(env=ENV)
-    try:
-        procs.wait_for_worker(get_redis(), POOL, WORKER, worker, timeout=vf.START_TIMEOUT_S)
-        procs.wait_for_worker(get_redis(), EMBED_POOL, EMBED_WORKER, embedder,
-                              timeout=vf.START_TIMEOUT_S)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "embedder": embedder, "tiny": tiny_vllm}
-    except BaseException:
-        print(worker.logs()[-4000:], embedder.logs()[-4000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
-        embedder.stop()
+    with procs.stack({WORKER: POOL, EMBED_WORKER: EMBED_POOL}, env=ENV,
+                     timeout=vf.START_TIMEOUT_S) as up:
+        yield {"url": up.url, "worker": up.workers[WORKER], "embedder": up.workers[EMBED_WORKER],
+               "tiny": tiny_vllm}
 
 
 @pytest.fixture
@@ -141,12 +129,7 @@ def test_parse_helper_n_and_logprobs_on_vllm(c: openai.OpenAI, redis_client: Any
     assert reply.usage.prompt_tokens == prompt_tokens(ASK)  # the prompt once for n choices
     assert all(len(ch.logprobs.content) == 8 for ch in reply.choices)
 
-    def record() -> dict[str, Any] | None:
-        rid = raw.headers["x-request-id"]
-        records = [json.loads(r) for r in rkeys.usage_raw(redis_client)]
-        return next((r for r in records if r["request_id"] == rid), None)
-
-    settled = procs.wait_until(record, 10, "usage record")
+    settled = rkeys.wait_usage_record(redis_client, raw.headers["x-request-id"])
     assert (settled["prompt_tokens"], settled["completion_tokens"]) == (prompt_tokens(ASK), 16)
 
 
@@ -209,14 +192,6 @@ def test_agents_sdk_tool_using_agent_on_vllm(system: dict[str, Any], c: openai.O
         assert result.final_output == f"Sunny in {seen[0]}"
 
 
-def wait_record(redis_client: Any, rid: str) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
-        records = [json.loads(r) for r in rkeys.usage_raw(redis_client)]
-        return next((r for r in records if r["request_id"] == rid), None)
-
-    return procs.wait_until(find, 10, f"usage record of {rid}")  # type: ignore[no-any-return]
-
-
 EMBED_TEXTS = ["the gateway queues requests fairly", "zebras graze"]
 
 
@@ -234,7 +209,7 @@ def checked_embeddings(c: openai.OpenAI, model: str, redis_client: Any) -> list[
     assert again.data[0].embedding == pytest.approx(vectors[0], abs=1e-6)
     expected = sum(len(TOK.encode(t)) for t in EMBED_TEXTS)
     assert reply.usage.prompt_tokens == reply.usage.total_tokens == expected
-    record = wait_record(redis_client, raw.headers["x-request-id"])
+    record = rkeys.wait_usage_record(redis_client, raw.headers["x-request-id"])
     assert (record["prompt_tokens"], record["completion_tokens"], record["status"]) == (
         expected, 0, "ok")
     return vectors
@@ -250,7 +225,7 @@ def test_embeddings_on_vllm_pooling_runner(c: openai.OpenAI, redis_client: Any) 
         c.embeddings.create(model=EMBED, input=EMBED_TEXTS[0], dimensions=32)
     assert "`dimensions`" in str(err.value) and err.value.code == "engine_refused"
     assert err.value.param == "dimensions"
-    refused = wait_record(redis_client, err.value.response.headers["x-request-id"])
+    refused = rkeys.wait_usage_record(redis_client, err.value.response.headers["x-request-id"])
     assert (refused["prompt_tokens"], refused["completion_tokens"]) == (0, 0)
 
 
@@ -261,7 +236,8 @@ def test_responses_on_vllm(c: openai.OpenAI, redis_client: Any) -> None:
     out = text.usage.output_tokens
     assert text.status == ("incomplete" if out == 6 else "completed") and 1 <= out <= 6
     assert text.usage.input_tokens == prompt_tokens([{"role": "user", "content": "Say hello."}])
-    assert wait_record(redis_client, text.id.removeprefix("resp_"))["completion_tokens"] == out
+    record = rkeys.wait_usage_record(redis_client, text.id.removeprefix("resp_"))
+    assert record["completion_tokens"] == out
     # An enum, not a free string (see City): the random model's free strings break JSON.
     params = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}},
               "required": ["city"], "additionalProperties": False}

@@ -391,12 +391,13 @@ from tenants.auth import AuthError, authenticate
 header = "Bearer " + os.environ["TEST_KEY"]
 stop = time.time() + 30
 while time.time() < stop:
+    asked = time.time()
     try:
         authenticate(header)
         status = 200
     except AuthError as exc:
         status = exc.status
-    print(json.dumps([time.time(), status]), flush=True)
+    print(json.dumps([asked, status]), flush=True)
     if status != 200:
         break
     time.sleep(0.002)
@@ -412,13 +413,15 @@ def _child_env(plaintext: str) -> dict[str, str]:
             "AUTH_CACHE_SECONDS": "60"}
 
 
-def _watch(proc: subprocess.Popen, want: int) -> float:
-    """Timestamp of the child's first answer with status ``want``."""
+def _watch(proc: subprocess.Popen, want: int) -> tuple[float, float]:
+    """When the child last asked and was let in, and when it first asked and got ``want``."""
+    last_ok = 0.0
     for line in proc.stdout:
-        stamp, status = json.loads(line)
+        asked, status = json.loads(line)
         if status == want:
-            return stamp
+            return last_ok, asked
         assert status == 200, line
+        last_ok = asked
     raise AssertionError(f"child ended without a {want}: {proc.stderr.read()}")
 
 
@@ -437,18 +440,19 @@ def test_change_reaches_another_process_within_one_second(change, status):
         for _ in range(20):  # the child has the key cached and keeps answering 200
             answer = json.loads(proc.stdout.readline() or "[0, 0]")
             assert answer[1] == 200, proc.stderr.read()
-        changed_at = time.time()
         if change == "revoke":
             api_key.revoke()
         else:
             tenant.set_status(Tenant.Status.SUSPENDED)
-        refused_at = _watch(proc, status)
-        lag_ms = 1000 * (refused_at - changed_at)
-        print(f"\n{change} seen by the other process after {lag_ms:.1f} ms")
-        # The promise is one second (the auth epoch, ADR 0005). The measure also holds the
-        # child's own scheduling and its print, so a 2-core CI machine running two test
-        # workers gets half a second of slack; a missed epoch would take the cache's full TTL.
-        assert refused_at - changed_at < 1.5
+        changed_at = time.time()  # committed
+        last_ok, refused = _watch(proc, status)
+        print(f"\n{change}: the child's last admission asked {1000 * (last_ok - changed_at):.1f}"
+              f" ms after it, its first refusal {1000 * (refused - changed_at):.1f} ms after it")
+        # The promise (the auth epoch, ADR 0005): no call that starts more than a second after
+        # the change lets the key in. Timed by when the child asked, not when it answered: a
+        # loaded machine may hold the child back, which delays its answers but breaks no
+        # promise. A missed epoch would keep admitting for the cache's full TTL (60 s here).
+        assert last_ok - changed_at < 1.0
     finally:
         proc.kill()
         proc.wait()

@@ -7,38 +7,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any
 
 import httpx
 import pytest
 
-from tests import procs
-from tests.test_inference_live import (
-    HELLO,
-    MODEL,
-    POOL,
-    SERVER_ENV,
-    client,
-    ensure_pools,
-    tenant_key,
-    usage_records,
-)
+from tests import live_pool, rkeys
+from tests.live_pool import HELLO, MODEL, SERVER_ENV, client, tenant_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 WORKER = "bigprompt-w1"
 ENV = {**SERVER_ENV, "MAX_REQUEST_BYTES": str(8_000_000), "OVERSIZE_REFUSALS_PER_MINUTE": "3"}
 
 
-@pytest.fixture(scope="module")
-def system(live_system) -> Any:
-    return live_system(pool=POOL, worker_ids=[WORKER], env=ENV, prepare=ensure_pools)
-
-
-@pytest.fixture
-def live(system, redis_client) -> Any:
-    ensure_pools()
-    procs.wait_for_worker(redis_client, POOL, WORKER, system["worker"], timeout=10)
-    return system
+system, live = live_pool.fixtures(WORKER, ENV)  # the processes, and each test's wait
 
 
 def _big_request(url: str, plain: str) -> httpx.Response:
@@ -82,4 +63,4 @@ def test_big_prompts_do_not_stall_another_tenants_stream(live, redis_client) -> 
     assert fourth.status_code == 429
     assert fourth.json()["error"]["code"] == "too_many_oversized_prompts"
     assert int(fourth.headers["retry-after"]) >= 1
-    assert all(r["tenant_id"] != attacker_key.tenant_id for r in usage_records(redis_client))
+    assert all(r["tenant_id"] != attacker_key.tenant_id for r in rkeys.usage_records(redis_client))

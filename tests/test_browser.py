@@ -129,14 +129,31 @@ def new_page(browser: Any, device: dict[str, Any]) -> Any:
     return context.new_page()
 
 
-def sign_in(browser: Any, url: str, device: dict[str, Any] = DESKTOP) -> Any:
-    page = new_page(browser, device)
-    page.goto(url + "/portal/login/")
-    page.fill("input[name=username]", "owner")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/portal/usage/"))
+def log_in(page: Any, url: str, username: str, password: str = PASSWORD, *,
+           admin: bool = False, lands: str | None = r"/portal/usage/") -> Any:
+    """Fill and send the portal's (or the admin's) login form; wait until the page's address
+    matches ``lands`` (the admin's index for ``admin``), unless it is None."""
+    page.goto(url + ("/admin/login/" if admin else "/portal/login/"))
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("input[type=submit]" if admin else "button[type=submit]")
+    if admin:
+        page.wait_for_url(url + "/admin/")
+    elif lands is not None:
+        page.wait_for_url(re.compile(lands))
     return page
+
+
+def sign_in(browser: Any, url: str, device: dict[str, Any] = DESKTOP, username: str = "owner",
+            lands: str = r"/portal/usage/") -> Any:
+    """A new page signed in to the portal."""
+    return log_in(new_page(browser, device), url, username, lands=lands)
+
+
+def sign_in_admin(browser: Any, url: str, username: str = "operator",
+                  device: dict[str, Any] = DESKTOP) -> Any:
+    """A new page signed in to the admin (the user must be staff)."""
+    return log_in(new_page(browser, device), url, username, admin=True)
 
 
 def assert_fits(page: Any) -> None:
@@ -349,12 +366,7 @@ def test_errors_navigation_and_tenant_switch(browser, owner):
 def test_operator_issues_revokes_and_watches_pools_in_the_admin(browser, owner):
     url = owner["url"]
     make_user("operator", is_staff=True, is_superuser=True)
-    page = new_page(browser, DESKTOP)
-    page.goto(url + "/admin/login/")
-    page.fill("input[name=username]", "operator")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(url + "/admin/")
+    page = sign_in_admin(browser, url)
     page.goto(f"{url}/admin/tenants/tenant/{owner['tenant'].pk}/change/")
     assert "owner" in page.text_content("#tenant-members")
     assert THOUSANDS.search(page.text_content("#month-usage"))
@@ -467,12 +479,7 @@ def test_request_log_and_fairness_pages(browser, owner, redis_client):
             r.lpush(fairness.samples_key(POOL, t.pk),
                     f"{second - s},{40 * s if slug != 'gold' else 5},{300 + 20 * s}")
     make_user("fairness-operator", is_staff=True, is_superuser=True)
-    page = new_page(browser, DESKTOP)
-    page.goto(url + "/admin/login/")
-    page.fill("input[name=username]", "fairness-operator")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(url + "/admin/")
+    page = sign_in_admin(browser, url, "fairness-operator")
     page.goto(url + "/admin/metering/usagerecord/fairness/")
     section = page.locator(f'section[data-pool="{POOL}"]')
     assert section.locator("tr.below").count() == 1  # gold: 0.4 of the service, owed 0.6
@@ -514,32 +521,16 @@ def _name(device: dict[str, Any], name: str) -> str:
     return name if device is DESKTOP else f"phone-{name}"
 
 
-def sign_in_as(browser: Any, url: str, username: str, device: dict[str, Any]) -> Any:
-    page = new_page(browser, device)
-    page.goto(url + "/portal/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/portal/(start|usage)/"))
-    return page
-
-
 def admin_page(browser: Any, url: str, device: dict[str, Any]) -> Any:
     make_user("operator", is_staff=True, is_superuser=True)
-    page = new_page(browser, device)
-    page.goto(url + "/admin/login/")
-    page.fill("input[name=username]", "operator")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(url + "/admin/")
-    return page
+    return sign_in_admin(browser, url, device=device)
 
 
 @DEVICES
 def test_a_new_member_gets_started_and_edits_a_key(browser, owner, device):
     url = owner["url"]
     Membership.objects.create(user=make_user("newbie"), tenant=owner["tenant"], role="member")
-    page = sign_in_as(browser, url, "newbie", device)
+    page = sign_in(browser, url, device, "newbie", r"/portal/(start|usage)/")
     assert urlsplit(page.url).path == "/portal/start/"  # no key yet: the overview first
     assert page.text_content("#base-url").strip() == f"{url}/v1"
     row = page.locator(f"#models tr[data-model='{MODEL}']")
@@ -640,10 +631,7 @@ def test_the_lockout_says_how_long_and_a_reset_lifts_it(browser, owner, device):
     user = make_user("forgetful")
     page = new_page(browser, device)
     for _ in range(5):
-        page.goto(url + "/portal/login/")
-        page.fill("input[name=username]", "forgetful")
-        page.fill("input[name=password]", "wrong password")
-        page.click("button[type=submit]")
+        log_in(page, url, "forgetful", "wrong password", lands=None)
         page.wait_for_load_state()
     assert "Try again in 15 minutes" in page.text_content("#lockout-wait")
     assert_fits(page)
@@ -654,11 +642,7 @@ def test_the_lockout_says_how_long_and_a_reset_lifts_it(browser, owner, device):
     page.fill("input[name=new_password2]", "A-brand-new-pass-31")
     page.click("button[type=submit]")
     page.wait_for_url(re.compile(r"/password-reset/done/"))
-    page.goto(url + "/portal/login/")
-    page.fill("input[name=username]", "forgetful")
-    page.fill("input[name=password]", "A-brand-new-pass-31")
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/portal/(start|no-tenant)/"))
+    log_in(page, url, "forgetful", "A-brand-new-pass-31", lands=r"/portal/(start|no-tenant)/")
     page.context.close()
 
 
@@ -678,8 +662,8 @@ def test_no_page_is_wider_than_its_viewport(browser, owner):
             if width > page.evaluate("window.innerWidth"):
                 wide.append((path, width))
         page.context.close()
-        page = admin_page(browser, url, device) if device is DESKTOP else _admin_again(
-            browser, url, device)
+        page = admin_page(browser, url, device) if device is DESKTOP else sign_in_admin(
+            browser, url, device=device)
         for path in admin_lists:
             page.goto(url + path)
             width = page.evaluate("document.documentElement.scrollWidth")
@@ -691,12 +675,3 @@ def test_no_page_is_wider_than_its_viewport(browser, owner):
         page.context.close()
     assert wide == [], wide
 
-
-def _admin_again(browser: Any, url: str, device: dict[str, Any]) -> Any:
-    page = new_page(browser, device)
-    page.goto(url + "/admin/login/")
-    page.fill("input[name=username]", "operator")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(url + "/admin/")
-    return page

@@ -9,7 +9,6 @@ handful of requests and a leak of a single token would show.
 from __future__ import annotations
 
 import asyncio
-import json
 from decimal import Decimal
 from typing import Any
 
@@ -84,8 +83,7 @@ async def _fire(urls: list[str], plains: list[str], n: int, body: dict[str, Any]
 
 
 def records(redis_client, tenant_id: int) -> list[dict[str, Any]]:
-    return [r for r in (json.loads(x) for x in rkeys.usage_raw(redis_client))
-            if r["tenant_id"] == tenant_id]
+    return [r for r in rkeys.usage_records(redis_client) if r["tenant_id"] == tenant_id]
 
 
 def _race(live, redis_client, budget: Budget, plains: list[str]) -> tuple[int, int]:

@@ -11,6 +11,7 @@ share the test's PostgreSQL, as the cells of a deployment share theirs. Checked:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -65,25 +66,17 @@ def two_cells(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
         split.home_cell, split.extra_cells = "east", "west"
         split.save()
         keys = {"home": make_key(home)[1], "split": make_key(split)[1]}
-    started: list[procs.Proc] = []
     try:
-        for c in CELLS:
-            env = {"CELL": c, "CELLS": json.dumps(spec), "REDIS_URL": group.url(c),
-                   "CELL_SHARE_FLOOR": "0.1", "WORKER_HEARTBEAT_SECONDS": "0.2"}
-            worker = procs.start_worker(f"{c}-pool", worker_id=f"{c}-w1", env=env)
-            gateway, _ = procs.start_uvicorn(port=ports[c], env=env)
-            started += [worker, gateway]
-            procs.wait_for_worker(group.client(c), f"{c}-pool", f"{c}-w1", worker)
-            procs.wait_for_http(urls[c] + "/healthz", gateway)
-        yield {"urls": urls, "spec": spec, "keys": keys, "redis": group,
-               "tenants": {"home": home.pk, "split": split.pk}, "procs": started}
-    except BaseException:
-        for p in started:
-            print(f"--- {p.name}\n{p.logs()[-3000:]}")
-        raise
+        with contextlib.ExitStack() as stacks:
+            ups = {c: stacks.enter_context(procs.stack(
+                {f"{c}-w1": f"{c}-pool"}, port=ports[c], redis_client=group.client(c),
+                env={"CELL": c, "CELLS": json.dumps(spec), "REDIS_URL": group.url(c),
+                     "CELL_SHARE_FLOOR": "0.1", "WORKER_HEARTBEAT_SECONDS": "0.2"}))
+                for c in CELLS}
+            started = [p for up in ups.values() for p in (*up.workers.values(), up.gateway)]
+            yield {"urls": urls, "spec": spec, "keys": keys, "redis": group,
+                   "tenants": {"home": home.pk, "split": split.pk}, "procs": started}
     finally:
-        for p in reversed(started):
-            p.stop()
         group.stop()
         with django_db_blocker.unblock():
             # The rows were committed for the processes: empty the tables as a transactional

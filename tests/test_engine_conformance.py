@@ -24,10 +24,7 @@ The two vLLM backends skip, saying why, where vLLM is not installed; CI installs
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -40,6 +37,8 @@ import httpx
 import pytest
 
 from serving.tokenization import load_tokenizer
+from tests.llama_model import start_llama_server
+from tests.procs import Server
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -84,35 +83,6 @@ class Backend:
     direct_url: str | None = None
 
 
-class Server:
-    def __init__(self, args: list[str], url: str, probe: str, log: Path) -> None:
-        self.url, self.log = url, log
-        self._out = log.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # its log is read while it runs
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
-                                     env=env)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{args[2]} exited: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + probe, timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"{args[2]} did not start: {log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._out.close()
-
-
 @pytest.fixture(scope="module")
 def wire_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
@@ -126,26 +96,12 @@ def wire_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
-LLAMA_MISSING = next((m for m in ("llama_cpp", "gguf", "numpy")
-                      if importlib.util.find_spec(m) is None), None)
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if LLAMA_MISSING:
-        pytest.skip(f"{LLAMA_MISSING} is not installed: pip install -e '.[llama]' to run "
-                    "llama.cpp's server as a real upstream engine")
-    from tests.llama_model import write_tiny_llama
-
-    tmp = tmp_path_factory.mktemp("llama")
-    model = write_tiny_llama(tmp / "tiny.gguf")
-    port = free_port()
     # One request at a time with no interrupting (the server's default cancels a running
-    # stream when another request arrives); one thread, the machine is shared.
-    server = Server([sys.executable, "-m", "llama_cpp.server", "--model", str(model),
-                     "--model_alias", "tiny", "--port", str(port), "--n_ctx", "2048",
-                     "--n_threads", "1", "--interrupt_requests", "false"],
-                    f"http://127.0.0.1:{port}", "/v1/models", tmp / "server.log")
+    # stream when another request arrives).
+    server = start_llama_server(tmp_path_factory.mktemp("llama"), "as a real upstream engine",
+                                "--interrupt_requests", "false")
     yield server
     server.stop()
 

@@ -9,6 +9,7 @@ requests run alongside the faulty ones on the same worker and must all complete.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -53,25 +54,37 @@ def run_engine_faults(redis_client: Any) -> dict[str, Any]:
         procs.wait_for_http(url + "/healthz", gw)
         msgs = [{"role": "user", "content": "Tell me something."}]
 
-        def go(tenant: Any, seed: int | None, max_tokens: int, delay: float) -> faults.Outcome:
-            time.sleep(delay)
+        progress = {"stall": faults.Outcome()}  # filled in as its tokens arrive
+
+        def stall_began() -> None:
+            def fifth_token_written() -> bool:
+                rid = progress["stall"].rid
+                return bool(progress["stall"].ended or (
+                    rid and faults.stream_tokens(r, rid) >= 5))
+
+            procs.wait_until(fifth_token_written, 30, "the stalling request's 5th token")
+
+        def go(name: str, tenant: Any, seed: int | None, max_tokens: int,
+               after: Callable[[], None] | None) -> faults.Outcome:
+            if after is not None:
+                after()
             body: dict[str, Any] = {"model": MODEL, "messages": msgs, "max_tokens": max_tokens}
             if seed is not None:
                 body["seed"] = seed
-            outs, _ = faults.stream_many(url, keys[tenant.pk][1], body, 1)
-            return outs[0]
+            return faults.stream_one(url, keys[tenant.pk][1], body, progress.get(name))
 
-        # "stall" hangs the whole engine for 3 s after its 5th token; "first_in_stall" arrives
-        # during that stall, so its first token comes after its 1 s TTFT deadline. It arrives
-        # 1.5 s in: inside the stall even when a loaded machine starts "stall" late (up to
-        # 1.5 s), and early enough that its deadline (1 s) ends before the stall does.
-        plan: list[tuple[str, Any, int | None, int, float]] = [
-            ("error", faulty_t, ERROR, 60, 0), ("garbage", faulty_t, GARBAGE, 60, 0),
-            ("stall", hasty_t, STALL, 100, 0), ("first_in_stall", hasty_t, None, 50, 1.5),
-        ] + [(f"healthy{i}", healthy_t, None, 40, 0) for i in range(12)]
+        # "stall" hangs the whole engine for 3 s after its 5th token; "first_in_stall" is sent
+        # once that 5th token is in the request's stream, so it arrives inside the stall however
+        # late a loaded machine started "stall", and its first token comes after its 1 s TTFT
+        # deadline (the stall has nearly 3 s left then).
+        plan: list[tuple[str, Any, int | None, int, Callable[[], None] | None]] = [
+            ("error", faulty_t, ERROR, 60, None), ("garbage", faulty_t, GARBAGE, 60, None),
+            ("stall", hasty_t, STALL, 100, None),
+            ("first_in_stall", hasty_t, None, 50, stall_began),
+        ] + [(f"healthy{i}", healthy_t, None, 40, None) for i in range(12)]
         t0 = time.monotonic()
         with ThreadPoolExecutor(len(plan)) as ex:
-            futures = {name: ex.submit(go, t, seed, n, d) for name, t, seed, n, d in plan}
+            futures = {name: ex.submit(go, name, t, seed, n, a) for name, t, seed, n, a in plan}
             outcomes = {name: f.result() for name, f in futures.items()}
         procs.wait_until(lambda: not faults.nonzero_counters(
             r, tenants, [k for k, _ in keys.values()]), 20, "counters back to zero")

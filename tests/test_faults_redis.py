@@ -28,6 +28,7 @@ from infra.redis_conn import key
 from serving.transport import RELAY_OUTAGE_FAIL_S
 from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
+from tests.redis_procs import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -49,7 +50,7 @@ def run_redis_restart(redis_client: Any, outage_s: float = OUTAGE_S) -> dict[str
         "decode_tokens_per_s": 20.0, "pool_tokens_per_s": None})
     tenant = make_tenant(**quota())
     api_key, plain = make_key(tenant)
-    server = faults.RedisServer()
+    server = RedisServer()
     server.start()
     r = redis.Redis.from_url(server.url)
     env = {"REDIS_URL": server.url, "WORKER_HEARTBEAT_SECONDS": "0.2",

@@ -32,8 +32,8 @@ from infra.redis_conn import key
 from tenants.management_tokens import issue_token
 from tests import procs, rkeys
 from tests import test_inference_live as live_module
-from tests.test_inference_live import MODEL
-from tests.test_inference_live import tenant_key as live_tenant_key
+from tests.live_pool import MODEL
+from tests.live_pool import tenant_key as live_tenant_key
 from tests.worlds import build_world
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

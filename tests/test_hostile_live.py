@@ -24,14 +24,12 @@ from django.utils import timezone
 from infra.redis_conn import key
 from tests import procs, rkeys
 from tests.factories import make_key, make_tenant
-from tests.test_inference_live import (
+from tests.live_pool import (
     HELLO,
     MODEL,
     SERVER_ENV,
     counters,
     ensure_pools,
-    usage_records,
-    wait_record,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -99,7 +97,7 @@ def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") ->
 
 def _free(redis_client) -> None:
     assert not redis_client.keys(key("req", "*")) and not redis_client.keys(key("bucket", "*"))
-    assert not usage_records(redis_client)
+    assert not rkeys.usage_records(redis_client)
 
 
 # -- huge bodies -------------------------------------------------------------------------------
@@ -336,7 +334,7 @@ def test_a_spend_alert_on_a_key_fires_and_its_hard_cap_stops_only_that_key(live,
             "Authorization": f"Bearer {plain}"}, json={
             "model": MODEL, "messages": HELLO, "max_tokens": 40, "ignore_eos": True})
         assert r.status_code == 200
-        wait_record(redis_client, r.headers["x-request-id"])
+        rkeys.wait_usage_record(redis_client, r.headers["x-request-id"])
     writer.flush()
     now = timezone.now()
     rollup_hour(now.replace(minute=0, second=0, microsecond=0))

@@ -114,7 +114,13 @@ def test_every_exit_settles_exactly_once(setup) -> None:
             plan.append((deadline_t.pk, "deadline"))
         else:
             plan.append((tight_t.pk, rng.choice(["complete", "stream"])))
-    killer = threading.Timer(1.5, setup["w1"].kill)  # SIGKILL while it holds requests
+    def kill_w1_while_it_holds_requests() -> None:
+        # Waits on the condition, not a clock: a loaded machine dispatches late.
+        procs.wait_until(lambda: r.scard(rkeys.inflight_key(POOL, "inv-w1")) >= 2, 30,
+                         "inv-w1 to hold requests", interval=0.02)
+        setup["w1"].kill()  # SIGKILL
+
+    killer = threading.Thread(target=kill_w1_while_it_holds_requests)
     killer.start()
     with ThreadPoolExecutor(max_workers=10) as pool:
         futures = [
@@ -130,8 +136,7 @@ def test_every_exit_settles_exactly_once(setup) -> None:
     assert refused, "the tight tenant should have been refused at least once"
 
     def records() -> dict[str, dict[str, Any]]:
-        raw = [json.loads(x) for x in rkeys.usage_raw(r)]
-        return {x["request_id"]: x for x in raw}
+        return {x["request_id"]: x for x in rkeys.usage_records(r)}
 
     # Disconnected and orphaned requests settle asynchronously (engine abort, janitor).
     procs.wait_until(lambda: admitted <= set(records()), 30, "a record for every admitted one")

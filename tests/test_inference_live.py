@@ -24,39 +24,30 @@ import pytest
 from catalog.models import Pool
 from infra.redis_conn import key
 from serving.tokenization import load_tokenizer
-from tests import procs, rkeys
+from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
+from tests.live_pool import (
+    HELLO,
+    IDLE_MODEL,
+    IDLE_POOL,
+    IDLE_WORKER,
+    MAX_BYTES,
+    MODEL,
+    POOL,
+    SERVER_ENV,
+    client,
+    counters,
+    ensure_pools,
+    listed_models,
+    rid_of,
+    tenant_key,
+)
 from tests.prom import value
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-POOL = "live-pool"
-# A pool whose only worker is wedged (heartbeats, never dispatches): requests wait until their
-# TTFT deadline.
-IDLE_POOL = "idle-pool"
-IDLE_WORKER = "idle-wedged"
-MODEL = "sim-live"
-IDLE_MODEL = "sim-idle"
-MAX_BYTES = 65_536
-SERVER_ENV = {
-    "SSE_KEEPALIVE_SECONDS": "0.3",
-    "MAX_REQUEST_BYTES": str(MAX_BYTES),
-    "WORKER_HEARTBEAT_SECONDS": "0.2",
-    "WORKER_DEAD_AFTER_SECONDS": "2",
-}
-HELLO = [{"role": "user", "content": "Say hello."}]
-
-
-def ensure_pools() -> None:
-    # Transactional tests empty every table afterwards; the processes keep running, so each
-    # test puts back the rows they serve.
-    model = make_model(MODEL)
-    Pool.objects.get_or_create(name=POOL, defaults={
-        "model": model, "backend_settings": {"decode_tokens_per_s": 250.0},
-        "max_sequences": 16})
-    idle = make_model(IDLE_MODEL)
-    Pool.objects.get_or_create(name=IDLE_POOL, defaults={"model": idle})
-
+# Every test here runs on one Redis; those marked so run again on a Redis Cluster
+# (tests/conftest.py redis_topology), the gateway and worker processes with it.
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True),
+              pytest.mark.redis_topologies("single")]
 
 @pytest.fixture(scope="module")
 def system(live_system) -> Iterator[dict[str, Any]]:
@@ -79,40 +70,6 @@ def live(system, redis_client) -> dict[str, Any]:
     return system
 
 
-def tenant_key(**quota: Any) -> tuple[Any, str]:
-    tenant = make_tenant(**quota)
-    api_key, plain = make_key(tenant)
-    return api_key, plain
-
-
-def client(url: str, plain: str, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key=plain, max_retries=0, **kw)
-
-
-def rid_of(response_id: str) -> str:
-    return response_id.split("-", 1)[1]
-
-
-def usage_records(redis_client) -> list[dict[str, Any]]:
-    return [json.loads(r) for r in rkeys.usage_raw(redis_client)]
-
-
-def wait_record(redis_client, rid: str, timeout: float = 10.0) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
-        return next((r for r in usage_records(redis_client) if r["request_id"] == rid), None)
-
-    return procs.wait_until(find, timeout, f"usage record of {rid}")  # type: ignore[return-value]
-
-
-def counters(redis_client, api_key) -> dict[str, int]:
-    tenant = api_key.tenant_id
-    names = {"conc_t": rkeys.counter_key("conc", tenant),
-             "conc_k": rkeys.counter_key("conc", tenant, "key", api_key.pk),
-             "streams_t": rkeys.counter_key("streams", tenant),
-             "streams_k": rkeys.counter_key("streams", tenant, "key", api_key.pk)}
-    return {n: int(redis_client.get(k) or 0) for n, k in names.items()}
-
-
 def bucket_level(redis_client, scope: str, ident: object, kind: str) -> float | None:
     level = redis_client.hget(rkeys.bucket_key(ident, scope, ident, kind), "level")
     return None if level is None else float(level)
@@ -125,6 +82,7 @@ def prompt_len(messages: list[dict[str, str]]) -> int:
 # -- the official client, sync and async, streaming and not ----------------------------------
 
 
+@pytest.mark.redis_topologies("single", "cluster")
 def test_sync_chat_completion_counts_match_the_engine(live, redis_client) -> None:
     api_key, plain = tenant_key()
     raw = client(live["url"], plain).chat.completions.with_raw_response.create(
@@ -140,7 +98,7 @@ def test_sync_chat_completion_counts_match_the_engine(live, redis_client) -> Non
     assert reply.usage.prompt_tokens == prompt_len(HELLO)
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + 7
     assert reply.usage.prompt_tokens_details.cached_tokens == 0
-    record = wait_record(redis_client, rid_of(reply.id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(reply.id))
     assert (record["prompt_tokens"], record["completion_tokens"]) == (prompt_len(HELLO), 7)
     assert (record["tenant_id"], record["key_id"], record["status"]) == (
         api_key.tenant_id, api_key.pk, "ok")
@@ -149,6 +107,7 @@ def test_sync_chat_completion_counts_match_the_engine(live, redis_client) -> Non
     procs.wait_until(lambda: counters(redis_client, api_key)["conc_t"] == 0, 5, "slot back")
 
 
+@pytest.mark.redis_topologies("single", "cluster")
 def test_sync_stream_with_usage(live, redis_client) -> None:
     api_key, plain = tenant_key()
     stream = client(live["url"], plain).chat.completions.create(
@@ -165,7 +124,7 @@ def test_sync_stream_with_usage(live, redis_client) -> None:
     assert (usage.prompt_tokens, usage.completion_tokens) == (prompt_len(HELLO), 12)
     assert all(c.usage is None for c in chunks[:-1])
     assert text
-    record = wait_record(redis_client, rid_of(chunks[0].id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(chunks[0].id))
     assert record["completion_tokens"] == 12 and record["stream"] is True
     procs.wait_until(lambda: counters(redis_client, api_key) == dict.fromkeys(
         ("conc_t", "conc_k", "streams_t", "streams_k"), 0), 5, "counters back")
@@ -193,6 +152,7 @@ def test_async_client_completions_stream_and_not(live, redis_client) -> None:
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+@pytest.mark.redis_topologies("single", "cluster")
 def test_async_chat_stream(live) -> None:
     _, plain = tenant_key()
 
@@ -307,7 +267,7 @@ def test_a_model_is_listed_and_served_only_while_a_live_worker_serves_it(live, r
     # Stopped: unlisted once its heartbeat ages out (WORKER_DEAD_AFTER_SECONDS = 2).
     procs.wait_until(lambda: not listed(), 10, "the unserved model to leave the list")
     refused_at_once()
-    assert [r["status"] for r in usage_records(redis_client) if r["model"] == "sim-late"] == [
+    assert [r["status"] for r in rkeys.usage_records(redis_client) if r["model"] == "sim-late"] == [
         "ok"]
 
 
@@ -327,7 +287,7 @@ def test_context_and_output_limits_are_400(live, redis_client) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         c.completions.create(model=MODEL, prompt="word " * 30, max_tokens=8)
     assert err.value.code == "context_length_exceeded"
-    assert not redis_client.keys(key("bucket", "*")) and not usage_records(redis_client)
+    assert not redis_client.keys(key("bucket", "*")) and not rkeys.usage_records(redis_client)
 
 
 def test_429_retry_after_from_the_refill_rate_and_nothing_charged(live, redis_client) -> None:
@@ -348,7 +308,7 @@ def test_429_retry_after_from_the_refill_rate_and_nothing_charged(live, redis_cl
     assert abs(int(headers["retry-after"]) - expected) <= 1
     assert int(headers["x-ratelimit-remaining-tokens"]) < prompt
     assert bucket_level(redis_client, "tenant", api_key.tenant_id, "in") == before  # untouched
-    assert len(usage_records(redis_client)) == 1  # only the first request
+    assert len(rkeys.usage_records(redis_client)) == 1  # only the first request
     assert counters(redis_client, api_key)["conc_t"] == 0
 
 
@@ -369,11 +329,12 @@ def test_tenant_headers_are_ignored(live, redis_client) -> None:
         "X-Tenant-Id": str(other.pk), "OpenAI-Organization": other.slug,
         "OpenAI-Project": other.slug})
     reply = c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
-    record = wait_record(redis_client, rid_of(reply.id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(reply.id))
     assert record["tenant_id"] == mine.tenant_id
     assert not redis_client.keys(rkeys.tenant_key("bucket", other.pk, "*"))
 
 
+@pytest.mark.redis_topologies("single", "cluster")
 def test_quota_holds_across_two_gateways(live, redis_client) -> None:
     prompt = prompt_len(HELLO)
     _, plain = tenant_key(input_tpm=1, input_burst=prompt * 3)  # three requests, ever
@@ -393,20 +354,13 @@ def test_quota_holds_across_two_gateways(live, redis_client) -> None:
 # -- streams: disconnect, keep-alive, errors, resume -----------------------------------------
 
 
+@pytest.mark.redis_topologies("single", "cluster")
 def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -> None:
     api_key, plain = tenant_key()
     body = {"model": MODEL, "messages": HELLO, "max_tokens": 2000, "stream": True}
-    with httpx.Client(timeout=30) as http, http.stream(
-            "POST", live["url"] + "/v1/chat/completions", json=body,
-            headers={"Authorization": f"Bearer {plain}"}) as resp:
-        rid = resp.headers["x-request-id"]
-        seen = 0
-        for line in resp.iter_lines():
-            seen += line.startswith("id: ")
-            if seen >= 5:
-                break
-        closed_at = time.time()
-    record = wait_record(redis_client, rid)
+    rid = faults.hang_up_after(live["url"], plain, body, 5)
+    closed_at = time.time()
+    record = rkeys.wait_usage_record(redis_client, rid)
     assert record["status"] == "cancelled"
     assert 5 <= record["completion_tokens"] < 2000
     # The engine stopped within a step or so of the disconnect (250 tokens/s -> 4 ms a step).
@@ -425,13 +379,14 @@ def test_disconnect_mid_stream_bills_only_generated_tokens(live, redis_client) -
 
 
 
+@pytest.mark.redis_topologies("single", "cluster")
 def test_disconnect_while_queued_costs_nothing(live, redis_client) -> None:
     api_key, plain = tenant_key(ttft_deadline_s=20)
     body = {"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 5, "stream": False}
     with contextlib.suppress(httpx.ReadTimeout):  # the client gives up while it is queued
         httpx.post(live["url"] + "/v1/chat/completions", json=body, timeout=0.5,
                    headers={"Authorization": f"Bearer {plain}"})
-    record = procs.wait_until(lambda: usage_records(redis_client), 5, "a record")[0]
+    record = procs.wait_until(lambda: rkeys.usage_records(redis_client), 5, "a record")[0]
     assert record["status"] == "cancelled" and record["completion_tokens"] == 0
     assert record["prompt_tokens"] == 0
     # The tenant's counters are given back by release.lua, the step after settle (ADR 0018).
@@ -452,7 +407,7 @@ def test_idle_stream_gets_keepalives_then_an_error_the_client_raises(live, redis
     with pytest.raises(openai.APIError, match="first token"):
         list(c.chat.completions.create(model=IDLE_MODEL, messages=HELLO, stream=True))
     assert all(r["completion_tokens"] == 0 and r["prompt_tokens"] == 0
-               for r in usage_records(redis_client))
+               for r in rkeys.usage_records(redis_client))
 
 
 def test_failure_before_any_token_is_a_free_503(live, redis_client) -> None:
@@ -466,17 +421,13 @@ def test_failure_before_any_token_is_a_free_503(live, redis_client) -> None:
                    json={"model": IDLE_MODEL, "messages": HELLO, "max_tokens": 5})
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["type"] == "server_error"
-    record = wait_record(redis_client, r.headers["x-request-id"])
+    record = rkeys.wait_usage_record(redis_client, r.headers["x-request-id"])
     assert (record["prompt_tokens"], record["completion_tokens"]) == (0, 0)
     assert counters(redis_client, api_key)["conc_t"] == 0
     assert bucket_level(redis_client, "tenant", api_key.tenant_id, "in") == 200_000
 
 
-def listed_models(url: str, plain: str) -> set[str]:
-    r = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {plain}"}, timeout=10)
-    return {m["id"] for m in r.json().get("data", [])} if r.status_code == 200 else set()
-
-
+@pytest.mark.redis_topologies("single", "cluster")
 def test_resume_with_last_event_id(live) -> None:
     _, plain = tenant_key()
     headers = {"Authorization": f"Bearer {plain}"}
@@ -529,7 +480,7 @@ def test_idempotency_key_replays_conflicts_and_rejects_a_new_body(live, redis_cl
     again = httpx.post(url, content=reordered, headers=headers, timeout=30)
     assert first.status_code == again.status_code == 200
     assert again.json() == first.json() and again.headers["idempotent-replayed"] == "true"
-    assert len(usage_records(redis_client)) == 1  # charged and run once
+    assert len(rkeys.usage_records(redis_client)) == 1  # charged and run once
     other = httpx.post(url, json={**body, "max_tokens": 4}, headers=headers, timeout=30)
     assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency_key_reused"
     # Another tenant's identical key is its own.
@@ -603,7 +554,7 @@ def test_bad_input_is_an_openai_4xx_and_free(live, redis_client, method: str, pa
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert not redis_client.keys(key("req", "*")) and not redis_client.keys(key("bucket", "*"))
-    assert not usage_records(redis_client)
+    assert not rkeys.usage_records(redis_client)
 
 
 INFERENCE_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
@@ -635,7 +586,7 @@ def test_every_inference_endpoint_refuses_no_key_a_wrong_key_and_a_revoked_key(
                      "the revoked key to be refused")
     for path in INFERENCE_PATHS:
         assert status(path, plain) == 401, path
-    assert not redis_client.keys(key("req", "*")) and not usage_records(redis_client)
+    assert not redis_client.keys(key("req", "*")) and not rkeys.usage_records(redis_client)
 
 
 def test_metrics_endpoint(live, redis_client) -> None:
@@ -646,7 +597,7 @@ def test_metrics_endpoint(live, redis_client) -> None:
     c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3)
     with pytest.raises(openai.RateLimitError):
         c.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=80)
-    procs.wait_until(lambda: usage_records(redis_client), 5, "the usage record")
+    procs.wait_until(lambda: rkeys.usage_records(redis_client), 5, "the usage record")
     writer.flush()
     text = httpx.get(live["url"] + "/metrics", timeout=10).text
     slug = api_key.tenant.slug

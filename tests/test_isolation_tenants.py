@@ -37,7 +37,7 @@ from tenants.models import ApiKey, Invitation, ManagementToken, Membership
 from tenants.salts import cache_salt, platform_salt
 from tests import procs
 from tests.factories import make_model
-from tests.test_inference_live import SERVER_ENV, ensure_pools
+from tests.live_pool import SERVER_ENV, ensure_pools
 from tests.worlds import build_world, record, roll_up, this_hour
 
 TRIO = ("owner", "member", "outsider")

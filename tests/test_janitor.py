@@ -18,6 +18,10 @@ from serving.keys import deadlines_key, inflight_key, req_key, stream_key, usage
 from serving.lua import script
 from tests.procs import arun
 
+# Run on one Redis and again on a real Redis Cluster (tests/conftest.py redis_topology): every
+# script's keys must stay in one slot.
+pytestmark = pytest.mark.redis_topologies("single", "cluster")
+
 LIMITS = AdmissionLimits(tenant=ScopeLimits(input_tpm=100_000, output_tpm=100_000,
                                             concurrent_requests=100, open_streams=100),
                          total_deadline_s=60)

@@ -11,11 +11,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from django.core.exceptions import ValidationError
 
-from tenants import auth, oidc
+from tenants import oidc
 from tenants.auth import AuthError, authenticate_request
 from tenants.models import IdentityProvider
 from tests.factories import bearer, make_key, make_tenant
-from tests.oidc_provider import AUDIENCE, ISSUER, JwksServer, call, public_jwk, token
+from tests.oidc_provider import AUDIENCE, ISSUER, call, fresh_jwks, public_jwk, token
 
 INVALID = {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
                      "param": None, "code": "invalid_api_key"}}
@@ -34,13 +34,8 @@ def rsa_key2():
 @pytest.fixture
 def jwks(rsa_key, settings):
     settings.OIDC_JWKS_MIN_REFRESH_SECONDS = 30.0
-    server = JwksServer()
-    server.keys = [public_jwk(rsa_key, "k1", "RS256")]
-    oidc.jwks_cache.clear()
-    auth.clear_cache()
-    yield server
-    server.close()
-    oidc.jwks_cache.clear()
+    with fresh_jwks([public_jwk(rsa_key, "k1", "RS256")]) as server:
+        yield server
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tenants import auth, oidc
+from tenants import oidc
 from tenants.auth import AuthError
 from tenants.models import IdentityProvider
 from tests import procs
 from tests.factories import make_key, make_tenant
-from tests.oidc_provider import AUDIENCE, ISSUER, JwksServer, call, public_jwk, token
+from tests.oidc_provider import AUDIENCE, ISSUER, JwksServer, call, fresh_jwks, public_jwk, token
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,8 @@ def rsa_key():
 
 @pytest.fixture
 def flaky(rsa_key, settings):
-    server = JwksServer([public_jwk(rsa_key, "k1", "RS256")])
-    oidc.jwks_cache.clear()
-    auth.clear_cache()
-    yield server
-    server.close()
-    oidc.jwks_cache.clear()
+    with fresh_jwks([public_jwk(rsa_key, "k1", "RS256")]) as server:
+        yield server
 
 
 @pytest.fixture

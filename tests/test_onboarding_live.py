@@ -16,7 +16,7 @@ import pytest
 from tenants.models import Membership
 from tests import procs
 from tests.factories import make_tenant
-from tests.test_inference_live import MODEL, POOL, SERVER_ENV, ensure_pools
+from tests.live_pool import MODEL, POOL, SERVER_ENV, ensure_pools
 from tests.worlds import PASSWORD, make_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

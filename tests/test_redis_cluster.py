@@ -1,19 +1,18 @@
-"""Redis Cluster (ADR 0018): the setting, the clients, one slot per script, and the integration
-suite re-run against a real three-primary cluster.
+"""Redis Cluster (ADR 0018): the setting, the clients, one slot per script, resharding.
 
-The re-run reuses the modules as they are: a child pytest with ``REDIS_CLUSTER_NODES`` set,
-so every client in it (and in the gateway and worker processes it starts) is a cluster client,
-and the ``redis_client`` fixture is the cluster. Redis Cluster itself refuses a script or a
-multi-key command whose keys span slots (CROSSSLOT; redis-py refuses it before sending), so a
-key that lost its hash tag fails those tests. ``test_every_script_call_stays_in_one_slot``
-checks the same thing on the key builders without a cluster, in milliseconds.
+The integration suite on a real three-primary cluster is not here: the modules that exercise
+every script (accounting, WFQ, transport, janitor, and the live gateway and worker tests of
+tests/test_inference_live.py) carry ``redis_topologies("single", "cluster")`` and run once on
+each (tests/conftest.py ``redis_topology``). Redis Cluster refuses a script or a multi-key
+command whose keys span slots (CROSSSLOT; redis-py refuses it before sending), so a key that
+lost its hash tag fails those tests. ``test_every_script_call_stays_in_one_slot`` checks the
+same thing on the key builders without a cluster, in milliseconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,29 +30,10 @@ from infra import redis_conn
 from metering import keys as metering_keys
 from serving import admission, cells, settlement, transport, wfq
 from serving.keys import inflight_key, req_key, worker_key, workers_key
-from tests.redis_cluster import RedisCluster
+from tests.redis_cluster import RedisCluster, fresh_redis_clients
 from workers import cell_quota
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# What the child run covers: admission and settlement, the WFQ, the transport and the janitor
-# in-process; then the real gateway and worker processes with the official openai client
-# (streaming, cancel while running and while queued, resume, usage settled once).
-MODULES = ["tests/test_accounting.py", "tests/test_wfq.py", "tests/test_transport.py",
-           "tests/test_janitor.py"]
-LIVE = [f"tests/test_inference_live.py::{name}" for name in (
-    "test_sync_chat_completion_counts_match_the_engine",
-    "test_sync_stream_with_usage",
-    "test_async_chat_stream",
-    "test_quota_holds_across_two_gateways",
-    "test_disconnect_mid_stream_bills_only_generated_tokens",
-    "test_disconnect_while_queued_costs_nothing",
-    "test_resume_with_last_event_id",
-)]
-# Long statistical checks of arithmetic that does not depend on where keys live (already run on
-# one Redis): left out here to keep the child run near a minute.
-SKIP = ("not random_mix and not cost_shares_within and not over_estimating_tenant"
-        " and not never_over_admit")
 
 
 def _slot(*keys: str) -> set[int]:
@@ -84,22 +64,16 @@ def test_cluster_and_sentinels_together_stop_startup() -> None:
     assert done.returncode != 0 and "not both" in done.stderr
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    started = RedisCluster().start()
-    try:
-        yield started
-    finally:
-        started.stop()
+@pytest.fixture
+def cluster(redis_cluster: RedisCluster) -> RedisCluster:
+    return redis_cluster
 
 
 @pytest.fixture
 def fresh_clients() -> Iterator[None]:
-    redis_conn.get_redis.cache_clear()
-    redis_conn.async_clients.clear()
+    fresh_redis_clients()
     yield
-    redis_conn.get_redis.cache_clear()
-    redis_conn.async_clients.clear()
+    fresh_redis_clients()
 
 
 @pytest.mark.integration
@@ -166,7 +140,7 @@ def test_every_script_call_stays_in_one_slot(settings: Any) -> None:
 @pytest.mark.integration
 def test_a_cross_slot_script_is_refused_by_the_cluster(cluster: RedisCluster) -> None:
     """What the tags prevent: the cluster (here redis-py before it) refuses a script whose
-    keys span slots, which is how the child run below catches a key that lost its tag."""
+    keys span slots, which is how the cluster runs of the modules catch a key that lost its tag."""
     client = cluster.client()
     with pytest.raises(RedisClusterException, match="same key slot"):
         client.eval("return 1", 2, redis_conn.tenant_key("a", 1), redis_conn.pool_key("a", "p"))
@@ -185,39 +159,6 @@ def test_a_cell_on_a_cluster_takes_its_quota_share(cluster: RedisCluster) -> Non
                           cells.Share(1e9, 1e9, 1e9, 1e9))
     assert step.after == cells.Share(9_000, 9_000, 900, 900)
     assert cells.read_cell(client, "77", base).before == step.after
-
-
-# -- the integration suite on a real cluster --------------------------------------------------
-
-
-def _child_database_url() -> str:
-    """The child run's own database (its test database is made and dropped by the child)."""
-    url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/igw")
-    base, _, name = url.rpartition("/")
-    return f"{base}/{name.split('?')[0]}_cluster"
-
-
-@pytest.mark.integration
-def test_integration_suite_on_a_three_primary_cluster(cluster: RedisCluster) -> None:
-    env = {**os.environ, **cluster.env(), "DATABASE_URL": _child_database_url(),
-           "REDIS_KEY_PREFIX": "igwcl"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", *MODULES, *LIVE, "-k", SKIP, "-q", "-x",
-         "-p", "no:cacheprovider",
-         "-W", "ignore::DeprecationWarning"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
-    tail = (done.stdout + done.stderr)[-6000:]
-    assert done.returncode == 0, f"{tail}\n{cluster.logs()}"
-    summary = tail.strip().splitlines()[-1]
-    passed = re.search(r"(\d+) passed", summary)
-    # Every selected test ran (none skipped): 64 in-process ones plus the live ones.
-    assert passed and int(passed.group(1)) >= 60 + len(LIVE), summary
-    assert "skipped" not in summary, summary
-    print(f"on the cluster: {summary}")
-    # Every node held some of the run's keys: the tags spread pools and tenants over the slots
-    # (the run flushes at the end, so its key count per node is read from INFO keyspace hits).
-    served = [redis.Redis(port=p).info("stats")["keyspace_hits"] for p in cluster.ports]
-    assert all(served), served
 
 
 # -- resharding -------------------------------------------------------------------------------

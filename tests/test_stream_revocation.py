@@ -8,52 +8,21 @@ Live processes: uvicorn and a Celery pool worker with the simulated engine (250 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import openai
 import pytest
 
 from tenants.models import ApiKey, Tenant
-from tests import procs
-from tests.test_inference_live import (
-    HELLO,
-    MODEL,
-    POOL,
-    SERVER_ENV,
-    client,
-    ensure_pools,
-    rid_of,
-    tenant_key,
-    wait_record,
-)
+from tests import live_pool, rkeys
+from tests.live_pool import HELLO, MODEL, SERVER_ENV, client, rid_of, tenant_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 WORKER = "revoke-w1"
 
 
-@pytest.fixture(scope="module")
-def system(django_db_setup, django_db_blocker) -> Iterator[dict[str, Any]]:
-    with django_db_blocker.unblock():
-        ensure_pools()
-        worker = procs.start_worker(POOL, worker_id=WORKER, env=SERVER_ENV)
-        gateway, url = procs.start_uvicorn(env=SERVER_ENV)
-    from infra.redis_conn import get_redis
-
-    try:
-        procs.wait_for_worker(get_redis(), POOL, WORKER, worker)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "gateway": gateway}
-    finally:
-        gateway.stop()
-        worker.stop()
-
-
-@pytest.fixture
-def live(system, redis_client) -> dict[str, Any]:
-    ensure_pools()
-    procs.wait_for_worker(redis_client, POOL, WORKER, system["worker"], timeout=10)
-    return system
+system, live = live_pool.fixtures(WORKER, SERVER_ENV)  # the processes, and each test's wait
 
 
 def _stream_then(url: str, plain: str, act: Callable[[], None]) -> tuple[int, float, Any, str]:
@@ -80,7 +49,7 @@ def test_revoking_the_key_ends_its_running_stream(live, redis_client) -> None:
     print(f"revocation to end of stream: {took:.3f} s after {chunks} chunks")
     assert took < 1.0, took
     assert "Incorrect API key" in str(error)
-    record = wait_record(redis_client, rid)
+    record = rkeys.wait_usage_record(redis_client, rid)
     assert record["status"] == "cancelled"
     # Settled for what was generated: at least what we were sent, far from the 2,000 asked.
     assert chunks - 2 <= record["completion_tokens"] < 1000
@@ -94,7 +63,7 @@ def test_suspending_the_tenant_ends_its_running_stream(live, redis_client) -> No
     print(f"suspension to end of stream: {took:.3f} s")
     assert took < 1.0, took
     assert "suspended" in str(error)
-    assert wait_record(redis_client, rid)["status"] == "cancelled"
+    assert rkeys.wait_usage_record(redis_client, rid)["status"] == "cancelled"
 
 
 def test_a_key_that_expires_mid_stream_ends_its_stream(live, redis_client) -> None:
@@ -120,7 +89,7 @@ def test_a_key_that_expires_mid_stream_ends_its_stream(live, redis_client) -> No
     print(f"expiry to end of stream: {late:.3f} s after {chunks} chunks")
     assert late < 1.0, late
     assert "Incorrect API key" in str(err.value)
-    assert wait_record(redis_client, rid)["status"] == "cancelled"
+    assert rkeys.wait_usage_record(redis_client, rid)["status"] == "cancelled"
 
 
 def test_other_keys_streams_carry_on(live, redis_client) -> None:

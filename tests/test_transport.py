@@ -15,6 +15,10 @@ from serving.keys import req_key, stream_key
 from serving.transport import StepBatch
 from tests.procs import arun
 
+# Run on one Redis and again on a real Redis Cluster (tests/conftest.py redis_topology): every
+# script's keys must stay in one slot.
+pytestmark = pytest.mark.redis_topologies("single", "cluster")
+
 
 async def _write_steps(rids: list[str], steps: int, *, pause: float = 0.0) -> None:
     """A worker's writer: one pipelined batch per step, then each request's final entry."""

@@ -10,11 +10,8 @@ and the server's can be compared one to one. Skipped, saying why, without the ``
 from __future__ import annotations
 
 import base64
-import json
-import sys
 from array import array
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +21,8 @@ import pytest
 from serving.tokenization import load_tokenizer
 from tests import procs, rkeys
 from tests.factories import make_key, make_model, make_pool, make_tenant
-from tests.test_engine_conformance import LLAMA_MISSING, Server
+from tests.llama_model import start_llama_server
+from tests.procs import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -37,18 +35,9 @@ TEXTS = ["the gateway queues requests fairly", "zebras graze", "tokens are meter
 
 @pytest.fixture(scope="module")
 def llama_embedder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if LLAMA_MISSING:
-        pytest.skip(f"{LLAMA_MISSING} is not installed: pip install -e '.[llama]' to run "
-                    "llama.cpp's server as a real upstream embedding server")
-    from tests.llama_model import write_tiny_llama
-
-    tmp: Path = tmp_path_factory.mktemp("llama-embed")
-    model = write_tiny_llama(tmp / "embed.gguf", pooling="mean")
-    port = procs.free_port()
-    server = Server([sys.executable, "-m", "llama_cpp.server", "--model", str(model),
-                     "--model_alias", "tiny", "--port", str(port), "--n_ctx", "2048",
-                     "--n_threads", "1", "--embedding", "true"],
-                    f"http://127.0.0.1:{port}", "/v1/models", tmp / "server.log")
+    server = start_llama_server(tmp_path_factory.mktemp("llama-embed"),
+                                "as a real upstream embedding server", "--embedding", "true",
+                                pooling="mean")
     yield server
     server.stop()
 
@@ -80,7 +69,7 @@ def server_embeddings(url: str, texts: list[str]) -> dict[str, Any]:
 
 
 def records_of(redis_client, rid: str) -> list[dict[str, Any]]:
-    return [r for r in map(json.loads, rkeys.usage_raw(redis_client)) if r["request_id"] == rid]
+    return [r for r in rkeys.usage_records(redis_client) if r["request_id"] == rid]
 
 
 def test_embeddings_pass_through_to_llama_cpp(system, redis_client) -> None:

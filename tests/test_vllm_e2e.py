@@ -25,9 +25,8 @@ import openai
 import pytest
 
 from catalog.models import Pool
-from infra.redis_conn import get_redis
 from serving.tokenization import load_tokenizer
-from tests import procs, rkeys
+from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 from tests.vllm_fixtures import KV_BYTES, MAX_MODEL_LEN, TinyModel
 
@@ -62,18 +61,9 @@ def system(tiny_vllm: TinyModel, django_db_setup: Any,
            django_db_blocker: Any) -> Iterator[dict[str, Any]]:
     with django_db_blocker.unblock():
         ensure_pool(tiny_vllm)
-        worker = procs.start_worker(POOL, worker_id=WORKER, env=ENV)
-        gateway, url = procs.start_uvicorn(env=ENV)
-    try:
-        procs.wait_for_worker(get_redis(), POOL, WORKER, worker, timeout=ENGINE_START_S)
-        procs.wait_for_http(url + "/healthz", gateway)
-        yield {"url": url, "worker": worker, "gateway": gateway, "tiny": tiny_vllm}
-    except BaseException:
-        print(worker.logs()[-4000:], gateway.logs()[-3000:])
-        raise
-    finally:
-        gateway.stop()
-        worker.stop()
+    with procs.stack({WORKER: POOL}, env=ENV, timeout=ENGINE_START_S) as up:
+        yield {"url": up.url, "worker": up.workers[WORKER], "gateway": up.gateway,
+               "tiny": tiny_vllm}
 
 
 @pytest.fixture
@@ -89,17 +79,6 @@ def new_key() -> str:
 
 def rid_of(response_id: str) -> str:
     return response_id.split("-", 1)[1]
-
-
-def record_of(redis_client: Any, rid: str, timeout: float = 30.0) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
-        for raw in rkeys.usage_raw(redis_client):
-            rec = json.loads(raw)
-            if rec["request_id"] == rid:
-                return rec
-        return None
-
-    return procs.wait_until(find, timeout, f"usage record of {rid}")  # type: ignore[return-value]
 
 
 def worker_load(redis_client: Any) -> dict[str, str]:
@@ -119,7 +98,7 @@ def test_the_official_client_sync_streaming_and_not(live: dict[str, Any],
                                            extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (chat_len(HELLO), 9)
-    record = record_of(redis_client, rid_of(reply.id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(reply.id), 30)
     assert (record["prompt_tokens"], record["completion_tokens"], record["status"]) == (
         chat_len(HELLO), 9, "ok")
 
@@ -132,7 +111,7 @@ def test_the_official_client_sync_streaming_and_not(live: dict[str, Any],
     assert usage.prompt_tokens_details.cached_tokens > 0
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text  # (random weights: bytes that re-encode to other tokens, so no count of it)
-    record = record_of(redis_client, rid_of(chunks[0].id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(chunks[0].id), 30)
     assert record["completion_tokens"] == 14 and record["stream"] is True
     assert record["cached_tokens"] == usage.prompt_tokens_details.cached_tokens
 
@@ -161,10 +140,10 @@ def test_the_official_client_async_completions_streaming_and_not(live: dict[str,
 
     reply, chunks = procs.arun(main())
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (n_prompt, 6)
-    assert record_of(redis_client, rid_of(reply.id))["completion_tokens"] == 6
+    assert rkeys.wait_usage_record(redis_client, rid_of(reply.id), 30)["completion_tokens"] == 6
     assert chunks[-1].usage.completion_tokens == 11
     assert chunks[-1].usage.prompt_tokens == n_prompt
-    record = record_of(redis_client, rid_of(chunks[0].id))
+    record = rkeys.wait_usage_record(redis_client, rid_of(chunks[0].id), 30)
     assert (record["prompt_tokens"], record["completion_tokens"]) == (n_prompt, 11)
 
 
@@ -172,16 +151,8 @@ def test_a_client_gone_mid_stream_frees_the_sequence_in_vllm(live: dict[str, Any
                                                              redis_client: Any) -> None:
     body = {"model": MODEL, "messages": HELLO, "max_tokens": LONG, "stream": True,
             "ignore_eos": True}
-    with httpx.Client(timeout=60) as http, http.stream(
-            "POST", live["url"] + "/v1/chat/completions", json=body,
-            headers={"Authorization": f"Bearer {new_key()}"}) as resp:
-        rid = resp.headers["x-request-id"]
-        seen = 0
-        for line in resp.iter_lines():
-            seen += line.startswith("id: ")
-            if seen >= 5:
-                break
-    record = record_of(redis_client, rid)
+    rid = faults.hang_up_after(live["url"], new_key(), body, 5, timeout=60)
+    record = rkeys.wait_usage_record(redis_client, rid, 30)
     # vLLM stopped the sequence early: the abort reached it (it would have run to LONG).
     assert record["status"] == "cancelled"
     assert 5 <= record["completion_tokens"] < LONG
@@ -204,8 +175,7 @@ def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
         live: dict[str, Any], redis_client: Any) -> None:
     """Last in the module: it kills the worker's engine core (the worker brings it back)."""
     plain = new_key()
-    # As long as the context allows: the core is killed at the second chunk, and a loaded
-    # machine once relayed the first chunks only after 1,500 tokens had all been made (CI).
+    # As long as the context allows: the core is killed once two tokens are written.
     body = {"model": MODEL, "messages": HELLO, "max_tokens": LONG, "stream": True,
             "ignore_eos": True}
     events: list[dict[str, Any]] = []
@@ -213,12 +183,15 @@ def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
             "POST", live["url"] + "/v1/chat/completions", json=body,
             headers={"Authorization": f"Bearer {plain}"}) as resp:
         rid = resp.headers["x-request-id"]
+        # Killed once the worker has written tokens, read from Redis, not from the client's
+        # chunks: a loaded machine has relayed the first chunks only after every token was made.
+        procs.wait_until(lambda: faults.stream_tokens(redis_client, rid) >= 2, 60,
+                         "the first tokens", live["worker"], interval=0.02)
+        os.kill(_engine_core_pid(live["worker"].pid), signal.SIGKILL)
         for line in resp.iter_lines():
             if not line.startswith("data: {"):
                 continue
             events.append(json.loads(line[6:]))
-            if len(events) == 2:
-                os.kill(_engine_core_pid(live["worker"].pid), signal.SIGKILL)
             if "error" in events[-1]:
                 break
     error = events[-1].get("error")
@@ -227,7 +200,7 @@ def test_a_dead_engine_core_ends_requests_retryably_and_the_worker_restarts_it(
     assert error is not None, f"the stream ended without an error ({len(events)} chunks, " \
                               f"finish reasons {finished}): {events[-2:]}"
     assert error["code"] in ("engine_error", "engine_restart")
-    record = record_of(redis_client, rid)
+    record = rkeys.wait_usage_record(redis_client, rid, 30)
     assert record["status"] == "error" and 1 <= record["completion_tokens"] < LONG
     # The heartbeat said unhealthy (no capacity: routed elsewhere) while the engine restarted.
     def restarted() -> bool:

@@ -19,6 +19,10 @@ from serving.wfq import (
 )
 from tests.test_wfq_properties import assert_pool_consistent
 
+# Run on one Redis and again on a real Redis Cluster (tests/conftest.py redis_topology): every
+# script's keys must stay in one slot.
+pytestmark = pytest.mark.redis_topologies("single", "cluster")
+
 POOL = "pool-a"
 BIG = 1_000_000  # free KV tokens that fit anything
 
@@ -107,6 +111,7 @@ def test_cost_prices_kv_memory_as_context_times_decode_steps(redis_client, setti
     assert Prices(1.0, 2.0).cost(30_000, 100) == 30_200  # kv 0: the old price
 
 
+@pytest.mark.redis_topologies("single")  # statistics of arithmetic that slots do not change
 @pytest.mark.parametrize("policy, within", [("wfq", True), ("fifo", False)])
 def test_backlogged_tenants_get_cost_shares_within_5_percent_of_weights(
         redis_client, policy, within):
@@ -349,6 +354,7 @@ def _over_estimator_share(client, *, slots: int, complete: bool) -> float:
     return work["over"] / sum(work.values())
 
 
+@pytest.mark.redis_topologies("single")  # statistics of arithmetic that slots do not change
 @pytest.mark.parametrize("slots", [1, 4])
 def test_completions_give_an_over_estimating_tenant_back_most_of_its_share(redis_client, slots):
     # Charged on the estimate alone, "over" gets about a quarter of its weighted share (1/3).

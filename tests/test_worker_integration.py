@@ -5,7 +5,6 @@ submit() -> WFQ -> worker -> engine -> per-step XADD -> one reader -> events -> 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
 import time
@@ -112,8 +111,7 @@ async def until_running(rid: str, timeout: float = 10.0) -> None:
 
 
 def usage_records() -> dict[str, dict]:
-    return {r["request_id"]: r for r in map(json.loads,
-                                            rkeys.usage_raw(get_redis()))}
+    return {r["request_id"]: r for r in rkeys.usage_records(get_redis())}
 
 
 def all_records(count: int) -> dict[str, dict] | None:
