@@ -95,6 +95,22 @@ def _proc_tree_cpu(pid: int) -> float:
     return total
 
 
+_NO_EDITABLE = """import sys
+# Only this side's checkout: an editable install's finder would fill in the modules this
+# checkout lacks (a newer package, a newer admin module) from the tree the venv was made from.
+sys.meta_path[:] = [f for f in sys.meta_path
+                    if not getattr(f, "__module__", "").startswith("__editable__")]
+"""
+
+
+def _own_code_only() -> str:
+    """A directory holding a ``sitecustomize`` that drops the editable install's finder."""
+    where = Path(tempfile.gettempdir()) / "ab-own-code-only"
+    where.mkdir(exist_ok=True)
+    (where / "sitecustomize.py").write_text(_NO_EDITABLE)
+    return str(where)
+
+
 @dataclass
 class Side:
     name: str
@@ -133,7 +149,8 @@ class Side:
         self._start("upstream", [sys.executable, str(ROOT / "bench" / "zero_upstream.py"),
                                  "--port", str(uport), "--model", "up"], cwd=ROOT)
         self._rows(uport)
-        env = {**os.environ, "PYTHONPATH": str(self.root), "DATABASE_URL": self.db_url,
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.root), _own_code_only()]),
+               "DATABASE_URL": self.db_url,
                "REDIS_URL": f"redis://127.0.0.1:{rport}/0", "REDIS_KEY_PREFIX": "ab",
                "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
                "DJANGO_SETTINGS_MODULE": "gateway.settings"}
