@@ -48,7 +48,7 @@ REDIS_PROC = start_private_redis()
 import redis  # noqa: E402
 from _http import System, TenantSpec, run_async, sse_post, stream_body  # noqa: E402
 
-from tenants.redis_capacity import plan_redis, render_redis_text, solve_cost  # noqa: E402
+from catalog.redis_capacity import plan_redis, render_redis_text, solve_cost  # noqa: E402
 
 QUOTA = {"input_tpm": 10**9, "output_tpm": 10**9, "concurrent_requests": 100_000,
          "open_streams": 100_000, "ttft_deadline_s": 60, "total_deadline_s": 600}
