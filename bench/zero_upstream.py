@@ -17,8 +17,8 @@ import json
 import time
 from typing import Any
 
-Send = Any
-Receive = Any
+from asgi_io import Receive, Send, read_body, send_json
+
 WORDS = [f" w{i}" for i in range(64)]  # chunk texts (the usage chunk gives the exact count)
 
 
@@ -37,19 +37,13 @@ class ZeroUpstream:
         if scope["path"] == "/v1/completions":
             await self._completions(receive, send)
         elif scope["path"] == "/v1/models":
-            await _json(send, 200, {"object": "list", "data": [
+            await send_json(send, 200, {"object": "list", "data": [
                 {"id": self.model, "object": "model", "max_model_len": 8192}]})
         else:
-            await _json(send, 200 if scope["path"] == "/health" else 404, {})
+            await send_json(send, 200 if scope["path"] == "/health" else 404, {})
 
     async def _completions(self, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        req = json.loads(body or b"{}")
+        req = json.loads(await read_body(receive) or b"{}")
         n = max(1, int(req.get("max_tokens") or 16))
         self.n += 1
         head = (f'{{"id":"cmpl-{self.n}","object":"text_completion",'
@@ -59,7 +53,7 @@ class ZeroUpstream:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                  "total_tokens": prompt_tokens + n}
         if not req.get("stream"):
-            await _json(send, 200, {"id": f"cmpl-{self.n}", "object": "text_completion",
+            await send_json(send, 200, {"id": f"cmpl-{self.n}", "object": "text_completion",
                                     "model": self.model, "usage": usage, "choices": [
                                         {"index": 0, "text": "".join(WORDS[i % 64]
                                                                      for i in range(n)),
@@ -80,12 +74,6 @@ class ZeroUpstream:
             tail = b"data: " + (head + f'"choices":[],"usage":{usage_json}}}').encode() + b"\n\n"
         await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n",
                     "more_body": False})
-
-
-async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
 
 
 def main() -> None:

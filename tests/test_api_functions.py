@@ -184,6 +184,19 @@ def test_schema_and_docs_are_served(world):
     assert b"cdn." not in docs.content  # served locally: the machines have no internet
 
 
+def test_each_opt_in_documents_its_own_switch_body_and_answer(world):
+    """The two opt-ins share one ``set`` action: the schema must still name each one's own
+    serializer for its body and its answer, not the base class's or the other's."""
+    paths = client_for(world, "owner").get("/api/schema/?format=json").json()["paths"]
+    for path, name in (("content-logging", "ContentLogging"),
+                       ("response-cache", "ResponseCache")):
+        put = paths[f"/api/tenants/{{tenant}}/{path}/set/"]["put"]
+        body = put["requestBody"]["content"]["application/json"]["schema"]
+        answer = put["responses"]["200"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{name}Request"}, put
+        assert answer == {"$ref": f"#/components/schemas/{name}"}, put
+
+
 def test_content_logging_over_the_api_is_audited_even_for_a_token(world):
     from tenants.management_tokens import issue_token
 

@@ -184,6 +184,35 @@ def test_backlogged_tenants_3_1_1_over_two_pools_get_their_weighted_shares(syste
         assert abs(shares[name] / target - 1) <= 0.05, shares
 
 
+def test_a_prompt_cache_key_keeps_landing_on_one_pool_and_keys_spread_over_both(
+        system, plain):
+    """``prompt_cache_key`` steering (``routes._rendezvous``) through the official client: a
+    model served by pools A and B with no route; the same key lands on the same pool every
+    time (where its prefix is cached), different keys land on both. Sequential requests, so
+    neither pool is ever busier than the other and only the key decides. Before the worker
+    kill below: it needs both pools' workers alive."""
+    r = get_redis()
+    r.delete(breaker_key(A), breaker_key(B))
+    client = openai.OpenAI(base_url=system["url"] + "/v1", api_key=plain, max_retries=0)
+
+    def pool_for(cache_key: str, stream: bool = False) -> str:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "A long shared prefix."}],
+            max_tokens=2, prompt_cache_key=cache_key, stream=stream)
+        if stream:
+            assert [c for c in raw.parse()]  # read to the end: the request then settles
+        rid = raw.headers["x-request-id"]
+        return str(rkeys.wait_usage_record(r, rid)["pool"])
+
+    keys = [f"conversation-{i}" for i in range(16)]
+    first = {key: pool_for(key) for key in keys}
+    # Different keys spread: all 16 on one pool by chance would be 2 in 65,536.
+    assert set(first.values()) == {A, B}, first
+    # The same key, again and streamed this time: the same pool, not a fresh draw.
+    assert {key: pool_for(key, stream=True) for key in keys} == first
+    assert {pool_for(keys[0]) for _ in range(3)} == {first[keys[0]]}
+
+
 def test_a_killed_pool_worker_is_routed_around_before_the_first_token(system, plain):
     url, worker = system["url"], system["workers"][A]
     r = get_redis()

@@ -23,11 +23,9 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
+from bench.asgi_io import Receive, Send, read_body, send_json
 from workers.engine.base import EngineError, EngineRequest, SamplingParams
 from workers.engine.simulated import SimConfig, SimulatedEngine
-
-Send = Any
-Receive = Any
 
 
 class BadRequest(Exception):
@@ -54,24 +52,24 @@ class WireServer:
             return
         path, method = scope["path"], scope["method"]
         if method == "GET" and path == "/health":
-            await _json(send, 200, {})
+            await send_json(send, 200, {})
         elif method == "GET" and path == "/v1/models":
             cards = [{"id": name, "object": "model", "owned_by": "vllm",
                       "max_model_len": self.engine.config.max_model_len}
                      for name in (self.model, *self.adapters)]
-            await _json(send, 200, {"object": "list", "data": cards})
+            await send_json(send, 200, {"object": "list", "data": cards})
         elif method == "GET" and path == "/debug/load":
-            await _json(send, 200, asdict(self.engine.load()))
+            await send_json(send, 200, asdict(self.engine.load()))
         elif method == "POST" and path == "/debug/fail":
-            self.fail_status = int(json.loads(await _body(receive) or b"{}").get("status") or 0)
-            await _json(send, 200, {"status": self.fail_status})
+            self.fail_status = int(json.loads(await read_body(receive) or b"{}").get("status") or 0)
+            await send_json(send, 200, {"status": self.fail_status})
         elif method == "POST" and path == "/v1/completions" and self.fail_status:
-            await _body(receive)
-            await _json(send, self.fail_status, _error("injected failure", self.fail_status))
+            await read_body(receive)
+            await send_json(send, self.fail_status, _error("injected failure", self.fail_status))
         elif method == "POST" and path == "/v1/completions":
             await self._completions(receive, send)
         else:
-            await _json(send, 404, _error("Not Found", 404))
+            await send_json(send, 404, _error("Not Found", 404))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -85,19 +83,13 @@ class WireServer:
                 return
 
     async def _completions(self, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         try:
-            req, stream, opts = self._parse(json.loads(body or b"{}"))
+            req, stream, opts = self._parse(json.loads(await read_body(receive) or b"{}"))
         except BadRequest as exc:
-            await _json(send, exc.status, _error(str(exc), exc.status))
+            await send_json(send, exc.status, _error(str(exc), exc.status))
             return
         except ValueError:
-            await _json(send, 400, _error("body is not JSON", 400))
+            await send_json(send, 400, _error("body is not JSON", 400))
             return
         if stream:
             await self._stream(req, opts, receive, send)
@@ -192,30 +184,15 @@ class WireServer:
                 ids += d.token_ids
                 last = d
         except EngineError as exc:
-            await _json(send, 500, _error(str(exc), 500))
+            await send_json(send, 500, _error(str(exc), 500))
             return
         assert last is not None and last.usage is not None
         choice: dict[str, Any] = {"index": 0, "text": "".join(text), "logprobs": None,
                                   "finish_reason": last.finish_reason, "stop_reason": None}
         if opts["token_ids"]:
             choice["token_ids"] = ids
-        await _json(send, 200, {**self._head(req.request_id), "choices": [choice],
+        await send_json(send, 200, {**self._head(req.request_id), "choices": [choice],
                                 "usage": self._usage(last.usage)})
-
-
-async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
-
-
-async def _body(receive: Receive) -> bytes:
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            return body
 
 
 async def _event(send: Send, payload: dict[str, Any]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -36,7 +35,10 @@ class _OptInViewSet(TenantScoped[Any]):
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(self.serializer_class(self._state()).data)
 
-    def _set(self, request: Request) -> Response:
+    # One action for both opt-ins, so their rule (owners only, never under a grant) cannot
+    # drift apart; the schema takes each subclass's serializer_class for the body and answer.
+    @action(detail=False, methods=["put"], url_path="set")
+    def set_enabled(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # The tenant's own owner decides: not support staff acting under a grant.
         access.refuse_under_grant(request, self.tenant, f"switch the {self.setting}")
         body = self.serializer_class(data=request.data)
@@ -53,11 +55,6 @@ class ContentLoggingViewSet(_OptInViewSet):
     setting = Setting.CONTENT_LOGGING
     serializer_class = s.ContentLoggingSerializer
 
-    @extend_schema(request=s.ContentLoggingSerializer, responses=s.ContentLoggingSerializer)
-    @action(detail=False, methods=["put"], url_path="set")
-    def set_enabled(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return self._set(request)
-
 
 class ResponseCacheViewSet(_OptInViewSet):
     """The response-cache opt-in (owners): repeated deterministic requests (temperature 0 or a
@@ -66,8 +63,3 @@ class ResponseCacheViewSet(_OptInViewSet):
     capability = "response_cache"
     setting = Setting.RESPONSE_CACHE
     serializer_class = s.ResponseCacheSerializer
-
-    @extend_schema(request=s.ResponseCacheSerializer, responses=s.ResponseCacheSerializer)
-    @action(detail=False, methods=["put"], url_path="set")
-    def set_enabled(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return self._set(request)
