@@ -271,7 +271,7 @@ def text(value: object) -> str:
 
 
 def key(*parts: object) -> str:
-    """A namespaced Redis key: ``key("bucket", tenant_id)`` -> ``igw:bucket:42``."""
+    """A namespaced Redis key: ``key("usage", "dead")`` -> ``igw:usage:dead``."""
     return ":".join([settings.REDIS_KEY_PREFIX, *(str(p) for p in parts)])
 
 

@@ -141,7 +141,7 @@ def cancel_orphan(r: redis.Redis, pool: str, rid: str) -> bool:
     if found is None:
         return False  # already settled
     state, _, tenant = found
-    if state == "queued" and wfq.remove(pool, tenant, rid):
+    if state == "queued" and wfq.Wfq(r).remove(pool, tenant, rid):
         return settle(
             pool, rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
             output_tokens=0, error_code="gateway_lost", client=r,
@@ -169,7 +169,7 @@ def expire_request(r: redis.Redis, pool: str, rid: str, *, now: float | None = N
         r.zrem(deadlines_key(pool), rid)
         return False
     state, _, tenant = found
-    removed = state == "queued" and wfq.remove(pool, tenant, rid)
+    removed = state == "queued" and wfq.Wfq(r).remove(pool, tenant, rid)
     won = settle(
         pool, rid, status=Status.EXPIRED, prompt_tokens=0 if removed else None,
         output_tokens=0 if removed else None, error_code="deadline_exceeded", now=now, client=r,

@@ -54,10 +54,9 @@ from infra.redis_conn import (
     get_redis,
     key,
     new_async_pool_for,
-    pool_tag,
     refresh_slots,
 )
-from serving.keys import req_key, stream_key
+from serving.keys import req_key, stream_key, wake_key  # noqa: F401 (re-exported)
 from serving.lua import script
 from serving.settlement import STREAM_MAXLEN
 
@@ -86,16 +85,6 @@ LOST_EVENT_ID = "18446744073709551615-0"  # after any real entry id, so every co
 def cancel_channel(pool: str) -> str:
     # A channel, not a key: Redis Cluster delivers a PUBLISH to the subscribers on every node.
     return key("cancel", pool)
-
-
-def wake_key(pool: str) -> str:
-    """A list the enqueue path pushes to, so an idle worker's BLPOP returns at once."""
-    return key("wake", pool_tag(pool))
-
-
-def worker_wake_key(pool: str, worker_id: str) -> str:
-    """A worker's own wake list, on its pool's slot: its BLPOP waits on this and ``wake_key``."""
-    return key("wake", pool_tag(pool), "worker", worker_id)
 
 
 # -- writer (worker) --------------------------------------------------------------------------
