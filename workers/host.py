@@ -58,13 +58,13 @@ from celery.signals import worker_shutting_down
 from django.conf import settings
 
 from infra import quietlog, tracing
-from infra.redis_conn import get_async_redis, new_async_pubsub_client
+from infra.redis_conn import get_async_redis, is_outage, new_async_pubsub_client
 from serving import janitor, settlement, transport
 from serving.keys import inflight_key, pools_key, wake_key, worker_key, workers_key
 from serving.lua import script
 from serving.settlement import Status
 from serving.wfq import AsyncWfq, DispatchedItem, EngineShares
-from serving.wire import PAYLOAD_FIELDS, unpack_prompt, unpack_sampling, usage_of
+from serving.wire import PAYLOAD_FIELDS, text, unpack_prompt, unpack_sampling, usage_of
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -79,6 +79,8 @@ log = logging.getLogger(__name__)
 
 REFUSED = "engine_refused"  # the error code of a request the engine turned down (EngineError)
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
+# How often a worker compares its in-flight set with what it runs (_reconcile): one SMEMBERS.
+RECONCILE_S = 1.0
 ENGINE_CHECK_S = 0.5  # how often the watchdog asks the engine whether it is still alive
 MAX_ENGINE_RESTARTS = 3  # restarts in one worker's life; past that it exits to be replaced
 ENGINE_FAILED_EXIT = 70  # the worker's exit status when its engine cannot be revived
@@ -185,6 +187,13 @@ class EngineHost:
         # waits on it when the queue gave it nothing.
         self._work: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None  # the dispatch loop is waiting on _work
+        # Held while a dispatch's claims travel from Redis into self.running, so _reconcile
+        # never takes a request just claimed for one we do not run.
+        self._dispatching: asyncio.Lock | None = None
+        # Ids this worker had before the janitor reaped it (_rejoin): their in-flight sets are
+        # reconciled too until empty.
+        self._past_ids: list[str] = []
+        self._reconciled_at = 0.0
         self._redis: Any = None
         self._wfq: Any = None
         self._vocab: int | None = None  # the engine tokenizer's vocabulary size, read once
@@ -206,6 +215,7 @@ class EngineHost:
         self._stop, self._flush_needed = asyncio.Event(), asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._work, self._idle = asyncio.Event(), asyncio.Event()
+        self._dispatching = asyncio.Lock()
         self._engine_ok = asyncio.Event()
         self._engine_ok.set()
         self._redis = get_async_redis()
@@ -266,29 +276,37 @@ class EngineHost:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
-            assert self._work is not None
+            assert self._work is not None and self._dispatching is not None
             self._work.clear()  # a wake from now on means: look again
-            try:
-                items = await self._wfq.dispatch_many(
-                    self.spec.name, n=free_slots, free_slots=free_slots,
-                    free_kv_tokens=max(0, self.spec.kv_cache_tokens - self._reserved_kv()),
-                    overcommit=self.spec.kv_overcommit, worker_id=self.worker_id,
-                    # This worker's own sequences per tenant: the dispatcher caps a tenant at its
-                    # weighted share of our slots while others are active (ADR 0006). Ours, so
-                    # no shared counter can be left wrong by an exit path.
-                    running=self._per_tenant, engine=self._engine_shares(),
-                    claim=PAYLOAD_FIELDS,  # dispatch.lua claims what it pops (K1, K2)
-                )
-            except Exception:
-                log.exception("dispatch failed")
+            async with self._dispatching:
+                items = await self._dispatch_once(free_slots)
+            if items is None:
                 await asyncio.sleep(WAKE_TIMEOUT_S)
-                continue
-            for item in items:
-                if item.claimed:  # else it was settled while queued: nothing to run (K1)
-                    self._start(item.request_id, item.kv_tokens, item.tenant_id, item.tag,
-                                item)
-            if not items:
+            elif not items:
                 await self._wait_for_work()
+
+    async def _dispatch_once(self, free_slots: int) -> list[DispatchedItem] | None:
+        """Pop and claim up to free_slots requests and start them; None if Redis failed."""
+        try:
+            items: list[DispatchedItem] = await self._wfq.dispatch_many(
+                self.spec.name, n=free_slots, free_slots=free_slots,
+                free_kv_tokens=max(0, self.spec.kv_cache_tokens - self._reserved_kv()),
+                overcommit=self.spec.kv_overcommit, worker_id=self.worker_id,
+                # This worker's own sequences per tenant: the dispatcher caps a tenant at its
+                # weighted share of our slots while others are active (ADR 0006). Ours, so no
+                # shared counter can be left wrong by an exit path.
+                running=self._per_tenant, engine=self._engine_shares(),
+                claim=PAYLOAD_FIELDS,  # dispatch.lua claims what it pops (K1, K2)
+            )
+        except Exception:
+            # The script may have run with its reply lost: what it claimed is in our in-flight
+            # set with nobody running it, which _reconcile settles.
+            log.exception("dispatch failed")
+            return None
+        for item in items:
+            if item.claimed:  # else it was settled while queued: nothing to run (K1)
+                self._start(item.request_id, item.kv_tokens, item.tenant_id, item.tag, item)
+        return items
 
     async def _wait_for_work(self) -> None:
         """Until a wake (local, or the pool's list through _pool_wakes) or the timeout."""
@@ -333,6 +351,11 @@ class EngineHost:
 
     def _start(self, rid: str, kv_tokens: int, tenant: str = "", tag: float = 0.0,
                claim: DispatchedItem | None = None) -> None:
+        if rid in self.running:
+            # Handed out again: a failover lost the first claim's write (the old primary took
+            # it before the sentinels demoted it). It runs once; its settle ends both.
+            log.warning("request %s was dispatched again while it runs here; not restarted", rid)
+            return
         self.running[rid] = _Running(rid, kv_tokens, tenant=tenant, tag=tag, claim=claim)
         if tracing.enabled():
             self.running[rid].popped_ns = time.time_ns()
@@ -673,7 +696,9 @@ class EngineHost:
             try:
                 reply = await self._settle_once(rid, keys, args)
                 break
-            except (redis.ConnectionError, redis.TimeoutError):
+            except redis.RedisError as exc:
+                if not is_outage(exc):
+                    raise
                 # Safe to repeat: settle applies once per request state, so a retry of a settle
                 # whose reply was lost is refused (nothing is charged or recorded twice; that
                 # request's WFQ correction is then skipped: a skew of one request).
@@ -782,8 +807,38 @@ class EngineHost:
             await asyncio.sleep(self.heartbeat_s)
             try:
                 await self._beat()
+                if time.monotonic() - self._reconciled_at >= RECONCILE_S:
+                    await self._reconcile()
             except Exception:
                 log.exception("heartbeat failed")
+
+    async def _reconcile(self) -> None:
+        """Settle what Redis says this worker runs and it does not (I4 after lost writes).
+
+        A dispatch whose reply was lost (the connection dropped after the script ran) leaves
+        what it claimed in our in-flight set with nobody running it. A failover that loses
+        writes (a forced failover: the old primary takes writes until the sentinels demote it,
+        then drops them) brings back as running requests we settled. Neither has another owner:
+        the janitor reaps only dead workers' sets. Under the dispatch lock no claim is on its
+        way from Redis into self.running, so a member we do not run is a stray: it ends as
+        worker_lost (retryable), billed for what its stream delivered.
+        """
+        assert self._dispatching is not None
+        self._reconciled_at = time.monotonic()
+        keys = [self.inflight, *(inflight_key(self.spec.name, w) for w in self._past_ids)]
+        async with self._dispatching:
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.smembers(key)
+            found = await pipe.execute()
+            strays = [(key, text(m)) for key, members in zip(keys, found, strict=True)
+                      for m in members if text(m) not in self.running]
+        for key, rid in strays:
+            if await janitor.fail_lost_request_async(self._redis, self.spec.name, rid, key):
+                log.warning("settled %s: in this worker's in-flight set, not running here", rid)
+            await self._redis.srem(key, rid)  # settled now or before: not in flight here
+        self._past_ids = [w for w, members in zip(self._past_ids, found[1:], strict=True)
+                          if members]
 
     async def _beat(self) -> None:
         load = self.engine.load()
@@ -819,6 +874,7 @@ class EngineHost:
         new id: a reaped id never returns (heartbeat.lua), so nothing is settled twice.
         """
         old = self.worker_id
+        self._past_ids.append(old)
         self.worker_id = new_worker_id(self.spec.name)
         log.error("worker %s was declared dead; aborting its requests, rejoining as %s",
                   old, self.worker_id)
