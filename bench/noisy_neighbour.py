@@ -166,13 +166,19 @@ async def scenario(clock: VirtualClock, policy: str, budget: bool, seqs: int,
     prompts: dict[str, list[int]] = {}
     arrivals_done = False
 
-    def admit(rid: str, tenant: str, cost: int, now: float) -> bool:
+    async def admit(rid: str, tenant: str, charged: int, now: float, prompt: int,
+                    max_out: int) -> bool:
+        """Charge and queue (the gateway's admission when a budget is set), or just queue."""
         if not budget:
+            wfq.enqueue(pool, tenant, rid, weight=1.0, prompt_tokens=prompt,
+                        max_output_tokens=max_out, kv_tokens=prompt + max_out, now=now)
             return True
-        verdict = admission.admit(  # tenant ids are per run: no bucket carries over
+        verdict = await admission.admit_async(  # tenant ids are per run: no bucket carries over
             request_id=rid, tenant_id=f"{pool}.{tenant}", key_id=None, pool=pool, model="sim",
-            prompt_tokens=n_prompt, max_output_tokens=cost, stream=False,
+            prompt_tokens=n_prompt, max_output_tokens=charged, stream=False,
             limits=budget_limits(), now=now,
+            queueing=admission.Queueing(weight=1.0, kv_tokens=prompt + max_out, policy=policy,
+                                        prices=prices, sizes=(prompt, max_out)),
         )
         if isinstance(verdict, Rejected):
             run.rejected["noisy" if tenant == "noisy" else "small"] += 1
@@ -190,12 +196,11 @@ async def scenario(clock: VirtualClock, policy: str, budget: bool, seqs: int,
             max_out = out_tokens if prompt else out_tokens - n_prompt
             cost = len(ids) + max_out
             charged = max_out + len(ids) * (not prompt)  # the design charges its whole cost
-            if not admit(rid, tenant, charged, clock.now()):
-                continue
             prompts[rid] = ids
             live[rid] = Outcome(tenant, clock.now(), cost, len(ids), charged)
-            wfq.enqueue(pool, tenant, rid, weight=1.0, prompt_tokens=len(ids),
-                        max_output_tokens=max_out, kv_tokens=cost, now=clock.now())
+            if not await admit(rid, tenant, charged, clock.now(), len(ids), max_out):
+                del prompts[rid], live[rid]
+                continue
             wake.set()
         arrivals_done = True
         wake.set()

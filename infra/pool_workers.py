@@ -18,19 +18,16 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from infra.redis_conn import pool_key, text
+from infra.keyspace import worker_key
+from infra.keyspace import workers_key as workers_key  # re-exported: its readers' name
+from infra.redis_conn import text
 
 Pipeline = redis.client.Pipeline | aioredis.client.Pipeline
 
 
-def workers_key(pool: str) -> str:
-    """The pool's workers by last heartbeat (liveness)."""
-    return pool_key("workers", pool)
-
-
 def load_key(pool: str, worker_id: bytes | str) -> str:
     """A worker's heartbeat load hash."""
-    return pool_key("worker", pool, text(worker_id), "load")
+    return worker_key(pool, text(worker_id), "load")
 
 
 def live_since(now: float | None = None) -> float:

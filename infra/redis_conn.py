@@ -17,8 +17,10 @@ one slot (ADR 0018). Celery's broker stays a plain Redis (``CELERY_BROKER_URL`` 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import time
 from functools import lru_cache
 from typing import Any, cast
 
@@ -125,7 +127,8 @@ def get_redis() -> redis.Redis:
         # Unlike from_url's, this client retries: a command that meets a failover (refused, or
         # the old master answering READONLY) reconnects to the master the sentinels name now.
         return cast(redis.Redis, sentinel.master_for(  # type: ignore[no-untyped-call]
-            settings.REDIS_SENTINEL_MASTER, health_check_interval=30,
+            settings.REDIS_SENTINEL_MASTER, connection_pool_class=_FollowingSentinelPool,
+            health_check_interval=30,
             retry=Retry(_backoff(), 3), **pool_kwargs(), **_master_kwargs()))
     return redis.Redis.from_url(redis_url(), health_check_interval=30, **pool_kwargs())
 
@@ -168,8 +171,106 @@ def _new_async_cluster() -> aioredis.Redis:
         retry=AsyncRetry(_backoff(), 3), **_cluster_kwargs()))
 
 
-class _BlockingSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
-    """Finds the master through the sentinels, and waits for a free connection at the cap."""
+# How often a Sentinel pool asks the sentinels where the master is (as a connection is taken).
+MASTER_CHECK_S = 0.5
+
+
+class _MasterWatch:
+    """When a Sentinel pool asks the sentinels again: every MASTER_CHECK_S, and at once after
+    any pool of this process saw the master move, so a process's pools move together (a
+    gateway must not admit on the old master while its stream relay reads the new one)."""
+
+    moves = 0  # master moves seen by any pool of this process
+
+    def __init__(self) -> None:
+        self.checked_at = 0.0
+        self.moves_seen = 0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if self.moves_seen == _MasterWatch.moves and now - self.checked_at < MASTER_CHECK_S:
+            return False
+        self.checked_at, self.moves_seen = now, _MasterWatch.moves
+        return True
+
+    def saw(self, before: Any, after: Any) -> None:
+        if before is not None and after != before:
+            _MasterWatch.moves += 1
+            self.moves_seen = _MasterWatch.moves
+
+
+def _stale(connection: Any, master: Any) -> bool:
+    return bool(master and connection.is_connected
+                and (connection.host, connection.port) != tuple(master))
+
+
+class _FollowingSentinelPool(redis.sentinel.SentinelConnectionPool):
+    """A Sentinel pool that follows a failover within MASTER_CHECK_S (ADR 0016).
+
+    redis-py asks the sentinels only when it opens a connection, so pooled connections keep
+    talking to a demoted primary until it answers READONLY. After a forced or partitioned
+    failover the old primary takes writes for as long as the sentinels take to reconfigure it
+    (about 10 s, their INFO period), and drops them when it becomes a replica: settles,
+    heartbeats, claims and whole requests lost, and a process whose pools disagree on the
+    master (seen in tests/test_faults_sentinel.py). So the pool asks again as a connection is
+    taken (_MasterWatch); a changed answer drops idle connections (redis-py's own
+    get_master_address), and a taken one still on the old primary reconnects before use.
+    """
+
+    _watch: _MasterWatch | None = None
+
+    def check_master(self) -> None:
+        self._watch = self._watch or _MasterWatch()
+        if self._watch.due():
+            before = self.master_address
+            with contextlib.suppress(redis.RedisError):  # none known mid-failover: carry on
+                self.get_master_address()  # type: ignore[no-untyped-call]
+            self._watch.saw(before, self.master_address)
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        self.check_master()
+        connection: Any = super().get_connection(*args, **kwargs)
+        if _stale(connection, self.master_address):
+            connection.disconnect()
+            connection.connect()
+        return connection
+
+
+class _AsyncFollowingSentinelPool(aiosentinel.SentinelConnectionPool):
+    """The asyncio twin of _FollowingSentinelPool (redis-py's classes differ by sync/async)."""
+
+    _watch: _MasterWatch | None = None
+
+    async def check_master(self) -> None:
+        self._watch = self._watch or _MasterWatch()
+        if self._watch.due():
+            before = self.master_address
+            with contextlib.suppress(redis.RedisError):
+                await self.get_master_address()  # type: ignore[no-untyped-call]
+            self._watch.saw(before, self.master_address)
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        await self.check_master()
+        connection = await super().get_connection(  # type: ignore[no-untyped-call]
+            *args, **kwargs)
+        if _stale(connection, self.master_address):
+            await connection.disconnect()
+            await connection.connect()
+        return connection
+
+
+async def on_master(pool: aioredis.ConnectionPool, connection: Any) -> bool:
+    """False once the sentinels name another master than the one ``connection`` (made by
+    ``pool``, and held outside it: the stream relay's) talks to; True outside Sentinel."""
+    if not isinstance(pool, _AsyncFollowingSentinelPool):
+        return True
+    await pool.check_master()
+    return not _stale(connection, pool.master_address)
+
+
+class _BlockingSentinelPool(_AsyncFollowingSentinelPool, aioredis.BlockingConnectionPool):
+    """Finds the master through the sentinels, follows it, and waits for a free connection at
+    the cap."""
 
 
 def _async_sentinel() -> aiosentinel.Sentinel:
@@ -183,7 +284,7 @@ def new_async_pool(**options: Any) -> aioredis.ConnectionPool:
     A Sentinel pool's connections refer to their pool weakly: keep the pool while they live.
     """
     if sentinel_mode():
-        return aiosentinel.SentinelConnectionPool(  # type: ignore[no-untyped-call]
+        return _AsyncFollowingSentinelPool(  # type: ignore[no-untyped-call]
             settings.REDIS_SENTINEL_MASTER, _async_sentinel(), **pool_kwargs(),
             **options, **_master_kwargs())
     return aioredis.ConnectionPool.from_url(redis_url(), **pool_kwargs(), **options)
@@ -265,13 +366,20 @@ def get_async_redis() -> aioredis.Redis:
     return async_clients.get()
 
 
+def is_outage(exc: BaseException) -> bool:
+    """Redis is unreachable or cannot take writes now, so the same call may succeed later: a
+    lost connection, a timeout, or a primary that lost its replicas (NOREPLICAS, ADR 0016)."""
+    return isinstance(exc, redis.ConnectionError | redis.TimeoutError) or (
+        isinstance(exc, redis.ResponseError) and str(exc).startswith("NOREPLICAS"))
+
+
 def text(value: object) -> str:
     """A Redis reply element as text (redis-py hands back bytes)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def key(*parts: object) -> str:
-    """A namespaced Redis key: ``key("bucket", tenant_id)`` -> ``igw:bucket:42``."""
+    """A namespaced Redis key: ``key("usage", "dead")`` -> ``igw:usage:dead``."""
     return ":".join([settings.REDIS_KEY_PREFIX, *(str(p) for p in parts)])
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from django.conf import settings
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from infra.keyspace import wfq_key
 from infra.redis_conn import pool_key
 from metering.models import UsageRecord
 
@@ -55,11 +56,11 @@ def samples_key(pool: str, tenant: object) -> str:
 
 
 def weights_key(pool: str) -> str:
-    return pool_key("wfq", pool, "weight")
+    return wfq_key(pool, "weight")
 
 
 def heads_key(pool: str) -> str:
-    return pool_key("wfq", pool, "heads")
+    return wfq_key(pool, "heads")
 
 
 def spread(prompt: int, output: int, first_ms: float, end_ms: float) -> Iterator[tuple[int, float]]:

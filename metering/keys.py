@@ -11,16 +11,10 @@ from __future__ import annotations
 import redis
 import redis.asyncio as aioredis
 
+from infra.keyspace import pools_key
 from infra.redis_conn import key, pool_tag, tag, text
 
-
-def pools_key() -> str:
-    """Every pool that has (had) a key on its slot: requests, usage records, workers.
-
-    A pool is added before its first such key is written (admission, a worker's heartbeat), so
-    the janitor and the usage writer, which walk the pools, miss none.
-    """
-    return key("pools")
+__all__ = ["pools_key"]  # re-exported: infra.keyspace owns it
 
 
 def pool_names(r: redis.Redis) -> list[str]:

@@ -32,8 +32,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from infra import quietlog
+from infra.keyspace import counter_key, wfq_key
 from infra.pool_workers import queue_live_workers, queue_load
-from infra.redis_conn import get_redis, key, pool_key, tenant_key
+from infra.redis_conn import get_redis, key
 from metering import fairness, overhead
 from metering.keys import pool_names
 from metering.models import UsageRecord
@@ -143,7 +144,7 @@ def _read_counters(r: Any, tenant_ids: list[int]
     if tenant_ids:
         # One GET each, not an MGET: each tenant's counter is on its own slot (ADR 0018).
         for pk in tenant_ids:
-            pipe.get(tenant_key("streams", pk, "tenant"))
+            pipe.get(counter_key("streams", pk))
     replies = pipe.execute()
     per_tm = []
     for name, raw in zip(names, replies, strict=False):
@@ -198,7 +199,7 @@ def _pool_metrics(r: Any) -> Iterator[Metric]:
     pools = pool_names(r)
     pipe = r.pipeline(transaction=False)
     for pool in pools:
-        pipe.hlen(pool_key("wfq", pool, "items"))
+        pipe.hlen(wfq_key(pool, "items"))
         queue_live_workers(pipe, pool)
     first = pipe.execute()
     pipe = r.pipeline(transaction=False)

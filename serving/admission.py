@@ -1,30 +1,30 @@
-"""Request accounting: admit (charge), claim and cancel, each one Lua script; settlement
-(refund, release, record) is ``serving.settlement``.
+"""Request accounting: admit (charge on the tenant's slot, enter on the pool's) and cancel;
+settlement (refund, release, record) is ``serving.settlement``.
 
 The life of a request's charges, between "admitted" and "settled":
 
-    admit ──▶ queued ──claim──▶ running ──▶ settled     (worker: engine usage)
-                │                  └──────▶ settled     (cancel, janitor: delivered tokens)
-                └─────────────────────────▶ settled     (cancel or deadline while queued)
+    admit ──▶ queued ──dispatch──▶ running ──▶ settled  (worker: engine usage)
+                │                     └──────▶ settled  (cancel, janitor: delivered tokens)
+                └────────────────────────────▶ settled  (cancel or deadline while queued)
 
 ``admit`` charges the prompt to the tenant's and the key's input buckets, ``max_output_tokens``
 to both output buckets, one concurrency slot each and one open stream each, or charges nothing.
-``claim`` hands a dispatched request and its payload to one worker; ``cancel`` flags it so
-whoever holds it ends it. The invariants are written in ``serving/lua/admit.lua``,
-``open.lua``, ``settle.lua`` and ``release.lua``; ``tests/test_accounting.py`` tries to break
-them.
+The dispatcher hands a request and its payload to one worker in the step that pops it
+(``serving/lua/wfq/dispatch.lua``, K1, K2); ``cancel`` flags it so whoever holds it ends it.
+The invariants are written in ``serving/lua/admit.lua``, ``enter.lua``, ``settle.lua`` and
+``release.lua``; ``tests/test_accounting.py`` tries to break them.
 
 Two slots (ADR 0018): a tenant's buckets and counters (and its keys') carry the tenant's hash
 tag, a request's state carries its pool's. So admission is two atomic steps: ``admit.lua``
-charges on the tenant's slot and leaves a release token, then ``open.lua`` writes the request
-on the pool's slot; settlement is ``settle.lua`` on the pool's slot, then ``release.lua`` on
-the tenant's, which gives back only while it can take the token. A process that dies between
-two steps leaves a token that expires, and the tenant's next admission releases its counters.
+charges on the tenant's slot and leaves a release token, then ``enter.lua`` writes the request,
+queues it and wakes a worker on the pool's slot (ADR 0028); settlement is ``settle.lua`` on the
+pool's slot, then ``release.lua`` on the tenant's, which gives back only while it can take the
+token. A process that dies between two steps leaves a token that expires, and the tenant's next
+admission releases its counters.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Mapping
@@ -34,11 +34,15 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from infra.redis_conn import get_async_redis, get_redis, tenant_key
+from infra.keyspace import bucket_key as bucket_key  # re-exported (serving.cells, tests)
+from infra.keyspace import charges_keys
+from infra.keyspace import counter_key as counter_key  # re-exported
+from infra.redis_conn import get_async_redis, get_redis
+from serving import wfq
 from serving.budgets import NONE, Reservation
-from serving.keys import deadlines_key, inflight_key, pools_key, req_key
+from serving.keys import deadlines_key, pools_key, req_key, wake_key
 from serving.lua import script
-from serving.wire import PAYLOAD_FIELDS, text
+from serving.wire import text
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +64,7 @@ class Reason:
     INSUFFICIENT_QUOTA = "insufficient_quota"  # a budget cannot hold the reservation (OpenAI)
 
 
-# -- keys -------------------------------------------------------------------------------------
-
-
-def bucket_key(tenant_id: object, scope: str, ident: object, kind: str) -> str:
-    """A token bucket (``kind`` "in" or "out") of the tenant (``scope`` "tenant") or of one of
-    its keys (``scope`` "key", ``ident`` the key's id), on the tenant's slot."""
-    if scope == "tenant":
-        return tenant_key("bucket", tenant_id, "tenant", kind)
-    return tenant_key("bucket", tenant_id, "key", ident, kind)
-
-
-def counter_key(name: str, tenant_id: object, scope: str = "tenant", ident: object = None) -> str:
-    """A ``conc`` or ``streams`` counter of the tenant or one of its keys, on the tenant's slot."""
-    if scope == "tenant":
-        return tenant_key(name, tenant_id, "tenant")
-    return tenant_key(name, tenant_id, "key", ident)
+# -- keys (built in infra.keyspace) ----------------------------------------------------------
 
 
 def _bucket_keys(tenant_id: object, key_id: object) -> list[str]:
@@ -91,7 +80,7 @@ def counter_keys(tenant_id: object, key_id: object) -> list[str]:
 
 def token_keys(tenant_id: object) -> list[str]:
     """The tenant's release tokens (zset) and what each releases (hash): admit.lua, release.lua."""
-    return [tenant_key("charges", tenant_id), tenant_key("charges", tenant_id, "what")]
+    return charges_keys(tenant_id)
 
 
 # -- limits -----------------------------------------------------------------------------------
@@ -214,21 +203,37 @@ class Rejected:
 
 @dataclass(frozen=True)
 class _AdmitCalls:
-    """The two steps of an admission: charge (tenant's slot), then open (pool's slot)."""
+    """The two steps of an admission: charge (tenant's slot), then enter (pool's slot)."""
 
     charge_keys: list[str]
     charge_args: list[Any]
-    open_keys: list[str]
-    open_args: list[Any]
+    enter_keys: list[str]
+    enter_args: list[Any]
     pool: str
     budgets: Reservation = NONE
+
+
+@dataclass(frozen=True)
+class Queueing:
+    """How the request waits in its pool's WFQ: its tenant's weight and its dispatch size.
+
+    ``prices`` and ``sizes`` (prompt, output tokens) override the WFQ cost's defaults (the
+    settings' prices, the admission's counts): simulations that tag differently from what they
+    charge.
+    """
+
+    weight: float = 1.0
+    kv_tokens: int = 0  # KV the dispatcher reserves for it (prompt + max output)
+    policy: str = "wfq"
+    prices: wfq.Prices | None = None
+    sizes: tuple[int, int] | None = None
 
 
 def _admit_call(
     *, request_id: str, tenant_id: object, key_id: object, pool: str, model: str,
     prompt_tokens: int, max_output_tokens: int, stream: bool, limits: AdmissionLimits,
     now: float | None, extra: Mapping[str, str | bytes | int | float] | None,
-    budgets: Reservation = NONE,
+    budgets: Reservation = NONE, queueing: Queueing | None = None,
 ) -> _AdmitCalls:
     if prompt_tokens < 0 or max_output_tokens < 0:
         raise ValueError("token counts cannot be negative")
@@ -253,12 +258,19 @@ def _admit_call(
         fields.update({f"b{i}": bucket, f"r{i}": rate, f"x{i}": burst})
     fields.update(budgets.req_fields())
     fields.update(extra or {})
-    open_args: list[Any] = [request_id, when, backstop]
+    queueing = queueing or Queueing()
+    prompt, output = queueing.sizes or (prompt_tokens, max_output_tokens)
+    queue_keys, queue_args = wfq.enqueue_call(
+        pool, queueing.policy, str(tenant_id), request_id, weight=queueing.weight,
+        prompt_tokens=prompt, max_output_tokens=output, kv_tokens=queueing.kv_tokens,
+        now=now, prices=queueing.prices)
+    enter_args: list[Any] = [request_id, when, backstop, *queue_args]
     for name, value in fields.items():
-        open_args += [name, value]
+        enter_args += [name, value]
     return _AdmitCalls([*tokens, *buckets, *counter_keys(tenant_id, key_id),
                         *(c.key for c in budgets.charges)], args,
-                       [req_key(pool, request_id), deadlines_key(pool)], open_args, pool, budgets)
+                       [*queue_keys, req_key(pool, request_id), deadlines_key(pool),
+                        wake_key(pool)], enter_args, pool, budgets)
 
 
 def _parse_admit(request_id: str, raw: list[Any], budgets: Reservation = NONE
@@ -279,7 +291,7 @@ def _duplicate(request_id: str) -> Rejected:
 
 
 def _unwind_args(calls: _AdmitCalls) -> tuple[list[str], list[Any]]:
-    """release.lua giving back every charge of an admission whose open step refused the id."""
+    """release.lua giving back every charge of an admission whose pool-slot step refused it."""
     c = calls.charge_args
     amounts = [c[2], c[3], c[2], c[3]]
     charges = calls.budgets.charges
@@ -287,32 +299,17 @@ def _unwind_args(calls: _AdmitCalls) -> tuple[list[str], list[Any]]:
             [c[0], c[1], *amounts, *c[6:14], len(charges), *(b.amount for b in charges)])
 
 
-def admit(
-    *, request_id: str, tenant_id: object, key_id: object, pool: str, model: str,
-    prompt_tokens: int, max_output_tokens: int, stream: bool, limits: AdmissionLimits,
-    now: float | None = None, extra: Mapping[str, Any] | None = None,
-    client: redis.Redis | None = None,
-) -> Admitted | Rejected:
-    """Charge every limit of one request or none (``serving/lua/admit.lua``), then write the
-    request on its pool's slot (``open.lua``).
+# The pools this process admitted to: ``pools`` (which the janitor and the usage writer walk,
+# and every worker's heartbeat writes) is on no slot of the request's, so admission adds the
+# pool once per process, and again when enter.lua reports the pool's first request since its
+# state was created (a new or flushed Redis): never on the way of every request.
+_pools_joined: set[str] = set()
 
-    ``now`` overrides Redis TIME (virtual-time simulations); ``extra`` fields go into req.
-    """
-    calls = _admit_call(
-        request_id=request_id, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
-        prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, stream=stream,
-        limits=limits, now=now, extra=extra,
-    )
-    r = client or get_redis()
-    result = _parse_admit(request_id, script("admit").run(r, calls.charge_keys,
-                                                          calls.charge_args))
-    if not isinstance(result, Admitted):
-        return result
-    r.sadd(pools_key(), pool)  # before the pool's first key: the janitor walks the pools
-    if not script("open").run(r, calls.open_keys, calls.open_args):
-        script("release").run(r, *_unwind_args(calls))
-        return _duplicate(request_id)
-    return result
+
+async def _join_pools(r: aioredis.Redis, pool: str, seq: int) -> None:
+    if seq == 1 or pool not in _pools_joined:
+        await r.sadd(pools_key(), pool)
+        _pools_joined.add(pool)
 
 
 async def admit_async(
@@ -320,54 +317,44 @@ async def admit_async(
     prompt_tokens: int, max_output_tokens: int, stream: bool, limits: AdmissionLimits,
     now: float | None = None, extra: Mapping[str, Any] | None = None,
     client: aioredis.Redis | None = None, budgets: Reservation = NONE,
+    queueing: Queueing | None = None,
 ) -> Admitted | Rejected:
-    """Charge every limit and budget of one request or none (``serving/lua/admit.lua``), then
-    write the request on its pool's slot (``open.lua``).
+    """Charge every limit and budget of one request or none (``serving/lua/admit.lua``, the
+    tenant's slot), then write, queue and announce it (``enter.lua``, the pool's slot): two
+    round trips, or three when the second step refuses (the charge is given back) or the pool
+    must join ``pools``.
 
     ``now`` overrides Redis TIME (virtual-time simulations); ``extra`` fields go into req;
-    ``budgets`` is the request's reservation (``serving.budgets.reserve``).
+    ``budgets`` is the request's reservation (``serving.budgets.reserve``); ``queueing`` its
+    place in the pool's WFQ. Raises ``wfq.DuplicateRequest`` or ``wfq.PolicyMismatch`` (after
+    giving the charge back) when the queue refuses the id.
     """
     calls = _admit_call(
         request_id=request_id, tenant_id=tenant_id, key_id=key_id, pool=pool, model=model,
         prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, stream=stream,
-        limits=limits, now=now, extra=extra, budgets=budgets,
+        limits=limits, now=now, extra=extra, budgets=budgets, queueing=queueing or Queueing(),
     )
     r = client or get_async_redis()
     raw = await script("admit").run_async(r, calls.charge_keys, calls.charge_args)
     result = _parse_admit(request_id, raw, budgets)
     if not isinstance(result, Admitted):
         return result
-    # The pool joins ``pools`` (the janitor and the usage writer walk it) alongside open, on
-    # another connection, so it adds no wait; either lands before their next pass.
-    opened, _ = await asyncio.gather(script("open").run_async(r, calls.open_keys, calls.open_args),
-                                     r.sadd(pools_key(), pool))
-    if not opened:
+    try:
+        entered = await script("enter").run_async(r, calls.enter_keys, calls.enter_args)
+    except BaseException as exc:
+        # Not queued, so nobody else will end it: give the charge back now.
+        await script("release").run_async(r, *_unwind_args(calls))
+        if isinstance(exc, redis.ResponseError):
+            wfq.raise_script_error(exc)
+        raise
+    if text(entered[0]) != "1":
         await script("release").run_async(r, *_unwind_args(calls))
         return _duplicate(request_id)
+    await _join_pools(r, pool, int(entered[2]))
     return result
 
 
 # -- claim and cancel -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Claim:
-    request_id: str
-    cancel_reason: str  # '' unless a cancel arrived before the worker took it
-    payload: dict[str, bytes]
-
-
-async def claim_async(
-    pool: str, rid: str, worker_id: str, *, client: aioredis.Redis | None = None
-) -> Claim | None:
-    """Take a dispatched request: queued -> running, handing over and deleting its payload."""
-    raw = await script("claim").run_async(
-        client or get_async_redis(), [req_key(pool, rid)],
-        [worker_id, inflight_key(pool, worker_id), "", *PAYLOAD_FIELDS],
-    )
-    if text(raw[0]) != "1":
-        return None
-    return Claim(rid, text(raw[1]), dict(zip(PAYLOAD_FIELDS, raw[2:], strict=True)))
 
 
 def _parse_cancel(raw: list[Any]) -> tuple[str, str, str] | None:

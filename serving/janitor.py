@@ -13,6 +13,8 @@ worker, the gateway, a Celery beat task) can run at the same time:
    older than ``GATEWAY_DEAD_AFTER_SECONDS`` is claimed by exactly one janitor (``ZREM``) and
    each request it was relaying, unless a live gateway relays it now (a resumed stream), is
    cancelled with reason ``gateway_lost``: nobody is left to read it.
+A live worker's in-flight set is its own to keep true: it settles members it does not run
+(``workers.host.EngineHost._reconcile``, with ``fail_lost_request_async``).
 Pools are walked through ``pools``: a request's keys and its ``deadlines`` entry live on its
 pool's slot (ADR 0018).
 
@@ -26,8 +28,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from django.conf import settings
 
 from infra.redis_conn import get_redis
@@ -36,7 +40,7 @@ from serving import liveness, transport, wfq
 from serving.admission import mark_cancel
 from serving.keys import deadlines_key, inflight_key, worker_key, workers_key
 from serving.lua import script
-from serving.settlement import Status, settle
+from serving.settlement import Status, settle, settle_async
 from serving.wire import FinishReason, text, usage_of
 
 log = logging.getLogger(__name__)
@@ -105,15 +109,24 @@ def reap_worker(r: redis.Redis, pool: str, wid: str, report: SweepReport) -> boo
     return bool(done)
 
 
+def _lost(inflight: str) -> dict[str, Any]:
+    """How a request nobody runs any more ends: a retryable error, billed for what was
+    delivered (its stream's count: the engine's own count is gone with the run)."""
+    return {"status": Status.ERROR, "finish_reason": None, "prompt_tokens": None,
+            "output_tokens": None, "error_code": "worker_lost", "inflight": inflight,
+            "event": transport.error_event(
+                "worker_lost", "The model server handling this request stopped; please retry.",
+                retryable=True)}
+
+
 def fail_lost_request(r: redis.Redis, pool: str, rid: str, inflight: str) -> bool:
-    """End a request whose worker died: retryable error, billed for what was delivered."""
-    return settle(
-        pool, rid, status=Status.ERROR, finish_reason=None, prompt_tokens=None, output_tokens=None,
-        error_code="worker_lost", inflight=inflight, client=r,
-        event=transport.error_event(
-            "worker_lost", "The model server handling this request stopped; please retry.",
-            retryable=True),
-    )
+    """End a request whose worker died (see _lost); True if this call settled it."""
+    return settle(pool, rid, client=r, **_lost(inflight))
+
+
+async def fail_lost_request_async(r: aioredis.Redis, pool: str, rid: str, inflight: str) -> bool:
+    """The same, for a live worker's strays (workers.host, EngineHost._reconcile)."""
+    return await settle_async(pool, rid, client=r, **_lost(inflight))
 
 
 def reap_dead_gateways(r: redis.Redis, report: SweepReport | None = None) -> SweepReport:
@@ -141,7 +154,7 @@ def cancel_orphan(r: redis.Redis, pool: str, rid: str) -> bool:
     if found is None:
         return False  # already settled
     state, _, tenant = found
-    if state == "queued" and wfq.remove(pool, tenant, rid):
+    if state == "queued" and wfq.Wfq(r).remove(pool, tenant, rid):
         return settle(
             pool, rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,
             output_tokens=0, error_code="gateway_lost", client=r,
@@ -169,7 +182,7 @@ def expire_request(r: redis.Redis, pool: str, rid: str, *, now: float | None = N
         r.zrem(deadlines_key(pool), rid)
         return False
     state, _, tenant = found
-    removed = state == "queued" and wfq.remove(pool, tenant, rid)
+    removed = state == "queued" and wfq.Wfq(r).remove(pool, tenant, rid)
     won = settle(
         pool, rid, status=Status.EXPIRED, prompt_tokens=0 if removed else None,
         output_tokens=0 if removed else None, error_code="deadline_exceeded", now=now, client=r,

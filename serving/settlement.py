@@ -1,11 +1,13 @@
 """Settlement: refund, release and record a request exactly once, whoever ends it.
 
-``settle`` runs once per request whoever calls it first (worker, gateway, janitor): it removes
-the request from the deadlines backstop and its worker's in-flight set and pushes exactly one
-usage record (counts and timings, never text) onto its pool's ``usage:pending``, all in
-``settle.lua`` on the pool's slot. The winner then runs ``release.lua`` on the tenant's slot: it
-refunds the unused output, reconciles the prompt with the engine's count and releases the
-slots, once, by taking the admission's release token (ADR 0018).
+``settle`` runs once per request whoever calls it first (worker, gateway, janitor). On the
+pool's slot, ``settle.lua`` removes the request from the deadlines backstop and its worker's
+in-flight set, pushes exactly one usage record (counts and timings, never text) onto its pool's
+``usage:pending`` and corrects its tenant's WFQ tags with the actual cost. The winner then runs
+``release.lua`` on the tenant's slot: it refunds the unused output, reconciles the prompt with the
+engine's count and releases the slots, once, by taking the admission's release token (ADR 0018).
+So settlement is one script per slot, two round trips (ADR 0028); the worker's first one rides
+in its last relay step's pipeline.
 Why once and in one script: docs/adr/0003-exactly-once-settlement.md. The request's way there
 is drawn in ``serving.admission``.
 """
@@ -70,21 +72,26 @@ def settle_call(
     prompt_tokens: int | None = None,
     cached_tokens: int = 0, output_tokens: int | None = None, error_code: str | None = None,
     event: Mapping[str, str | int] | None = None, inflight: str | None = None,
-    now: float | None = None,
+    now: float | None = None, wfq_correction: bool = True,
 ) -> tuple[list[str], list[Any]]:
     """Keys and arguments of ``settle.lua`` (for callers that queue it on a pipeline).
 
     ``prompt_tokens=None`` keeps the gateway's count; ``output_tokens=None`` bills the tokens
     delivered to the stream so far (the janitor's case: the engine's count died with it).
     ``event`` is the stream's final entry, written only if this call wins.
+    ``wfq_correction=False`` leaves the pool's WFQ tags alone (simulations without a queue).
     """
-    keys = [req_key(pool, rid), deadlines_key(pool), usage_pending_key(pool),
+    queues = wfq.pool_keys(pool)
+    prices = Prices.from_settings()
+    keys = [*queues.common, req_key(pool, rid), deadlines_key(pool), usage_pending_key(pool),
             stream_key(pool, rid)]
     args: list[Any] = [
         rid, "" if now is None else repr(float(now)), status, finish_reason or "",
         -1 if prompt_tokens is None else prompt_tokens, cached_tokens,
         -1 if output_tokens is None else output_tokens, error_code or "",
         STREAM_MAXLEN, STREAM_TTL_AFTER_END, REQ_TTL_AFTER_END, inflight or "",
+        int(wfq_correction), repr(float(prices.input)), repr(float(prices.output)),
+        repr(float(prices.kv)), queues.qprefix,
     ]
     for name, value in (event or {}).items():
         args += [name, value]
@@ -146,59 +153,6 @@ async def release_async(done: Settled, client: aioredis.Redis | None = None) -> 
         return False
 
 
-def finish(done: Settled, client: redis.Redis | None = None, *, wfq_correction: bool = True
-           ) -> None:
-    """What the settle winner does next, each step on its own slot: release, then correct WFQ."""
-    release(done, client)
-    if wfq_correction:
-        correct_wfq(done)
-
-
-async def finish_async(done: Settled, client: aioredis.Redis | None = None, *,
-                       wfq_correction: bool = True) -> None:
-    await release_async(done, client)
-    if wfq_correction:
-        await correct_wfq_async(done)
-
-
-def wfq_costs(done: Settled) -> tuple[float, float]:
-    """(estimated, actual) WFQ cost of a settled request, at the dispatcher's prices."""
-    prices = Prices.from_settings()
-    return (prices.cost(done.charged_prompt, done.charged_output),
-            prices.cost(done.prompt_tokens, done.output_tokens))
-
-
-def correct_wfq(done: Settled) -> None:
-    """Correct the tenant's finish tag with the actual cost; only the settle winner calls this.
-
-    Safe as a separate call: the settle script already made this request's accounting final, and
-    the correction only moves the tenant's last tag (its future requests' tags). Exactly once
-    follows from settle's once (the caller must be the winner), which is why no request id is
-    passed to ``complete``. If the process dies between the two calls, the tenant keeps the
-    estimate's tag: a fairness skew bounded by one request. A request removed from its queue
-    before dispatch gets no correction: ``wfq.remove`` already gave its whole cost back.
-    """
-    if not done.dispatched:
-        return
-    estimated, actual = wfq_costs(done)
-    try:
-        wfq.complete(done.pool, done.tenant_id, estimated_cost=estimated, actual_cost=actual,
-                     weight=done.weight)
-    except Exception:  # fairness bookkeeping must never fail a settlement that already happened
-        log.exception("wfq.complete failed for %s", done.request_id)
-
-
-async def correct_wfq_async(done: Settled) -> None:
-    if not done.dispatched:
-        return
-    estimated, actual = wfq_costs(done)
-    try:
-        await wfq.for_loop().complete(done.pool, done.tenant_id, estimated_cost=estimated,
-                                    actual_cost=actual, weight=done.weight)
-    except Exception:
-        log.exception("wfq.complete failed for %s", done.request_id)
-
-
 def settle(
     pool: str, rid: str, *, status: str, finish_reason: str | None = None,
     prompt_tokens: int | None = None,
@@ -210,11 +164,11 @@ def settle(
     keys, args = settle_call(
         pool, rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, output_tokens=output_tokens, error_code=error_code,
-        event=event, inflight=inflight, now=now,
+        event=event, inflight=inflight, now=now, wfq_correction=wfq_correction,
     )
     done = parse_settle(rid, script("settle").run(client or get_redis(), keys, args), now)
     if done:
-        finish(done, client, wfq_correction=wfq_correction)
+        release(done, client)
     return done is not None
 
 
@@ -228,10 +182,10 @@ async def settle_async(
     keys, args = settle_call(
         pool, rid, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, output_tokens=output_tokens, error_code=error_code,
-        event=event, inflight=inflight, now=now,
+        event=event, inflight=inflight, now=now, wfq_correction=wfq_correction,
     )
     raw = await script("settle").run_async(client or get_async_redis(), keys, args)
     done = parse_settle(rid, raw, now)
     if done:
-        await finish_async(done, client, wfq_correction=wfq_correction)
+        await release_async(done, client)
     return done is not None

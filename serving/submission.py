@@ -8,9 +8,10 @@
         ...
     await result.cancel("client_disconnect")   # on disconnect; idempotent
 
-``submit`` admits (one Lua script charging every limit), stores the transit payload (prompt ids,
-sampling, cache salt) in req:{rid} (deleted when a worker claims it; never logged), enqueues in
-the pool's WFQ and wakes an idle worker. ``events`` enforces the time-to-first-token and total
+``submit`` admits in two round trips (``serving.admission``): one Lua script charges every limit
+on the tenant's slot, one on the pool's slot stores the transit payload (prompt ids, sampling,
+cache salt) in req:{rid} (deleted when a worker claims it; never logged), enqueues it in the
+pool's WFQ and wakes an idle worker. ``events`` enforces the time-to-first-token and total
 deadlines: on expiry it yields an ``ErrorEvent`` and cancels the sequence. Settlement happens
 exactly once wherever the request ends (worker, cancel while queued, janitor).
 """
@@ -25,6 +26,8 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from django.conf import settings
 
 from infra.redis_conn import get_async_redis
 from metering.keys import pool_names_async
@@ -271,34 +274,16 @@ async def submit(
                "salt": cache_salt, "weight": repr(float(weight)), "priority": priority,
                "adapter": adapter or "", **(context or {})},
         budgets=reservation,
+        queueing=admission.Queueing(weight=weight, kv_tokens=prompt + max_out,
+                                    policy=settings.WFQ_POLICY),
     )
     if not isinstance(result, Admitted):
         return Rejection(rid, result.reason, result.scope, result.retry_after, result.rate_limit,
                          result.budget_used,
                          message=_message(result, limits, prompt, max_out, reservation))
-    try:
-        await wfq.for_loop().enqueue(
-            pool, str(tenant_id), rid, weight=weight, prompt_tokens=prompt,
-            max_output_tokens=max_out, kv_tokens=prompt + max_out,
-        )
-    except BaseException:
-        # Not queued, so nobody else will end it: give the charge back now.
-        await settlement.settle_async(pool, rid, status=Status.ERROR, prompt_tokens=0,
-                                      output_tokens=0, error_code="enqueue_failed")
-        raise
-    await _wake(pool)
     return Submission(rid, pool=pool, tenant_id=str(tenant_id), rate_limit=result.rate_limit,
                       ttft_deadline_s=limits.ttft_deadline_s,
                       total_deadline_s=limits.total_deadline_s, started=started)
-
-
-async def _wake(pool: str) -> None:
-    """Nudge one idle worker of the pool (its BLPOP returns); capped so it never grows."""
-    pipe = get_async_redis().pipeline(transaction=False)
-    wake = transport.wake_key(pool)
-    pipe.lpush(wake, "1")
-    pipe.ltrim(wake, 0, 63)
-    await pipe.execute()
 
 
 async def _find(request_id: str) -> list[Any]:

@@ -54,10 +54,10 @@ from infra.redis_conn import (
     get_redis,
     key,
     new_async_pool_for,
-    pool_tag,
+    on_master,
     refresh_slots,
 )
-from serving.keys import req_key, stream_key
+from serving.keys import req_key, stream_key, wake_key  # noqa: F401 (re-exported)
 from serving.lua import script
 from serving.settlement import STREAM_MAXLEN
 
@@ -80,22 +80,17 @@ RELAY_CLIENT_NAME = "igw-relay"  # CLIENT LIST shows one such connection per gat
 # instead of waiting for its deadline (a client retries sooner than a total deadline).
 RELAY_OUTAGE_FAIL_S = 3.0
 RECONNECT_MAX_S = 0.5  # one connection attempt per process at most this often while down
+# After the master moved (a Sentinel failover), how long the relay keeps looking, every
+# LOST_RECHECK_EVERY_S, for requests the new master does not know: admitted on the old one
+# just before the move, they will never get another entry.
+LOST_RECHECK_S = 3.0
+LOST_RECHECK_EVERY_S = 0.5
 LOST_EVENT_ID = "18446744073709551615-0"  # after any real entry id, so every consumer takes it
 
 
 def cancel_channel(pool: str) -> str:
     # A channel, not a key: Redis Cluster delivers a PUBLISH to the subscribers on every node.
     return key("cancel", pool)
-
-
-def wake_key(pool: str) -> str:
-    """A list the enqueue path pushes to, so an idle worker's BLPOP returns at once."""
-    return key("wake", pool_tag(pool))
-
-
-def worker_wake_key(pool: str, worker_id: str) -> str:
-    """A worker's own wake list, on its pool's slot: its BLPOP waits on this and ``wake_key``."""
-    return key("wake", pool_tag(pool), "worker", worker_id)
 
 
 # -- writer (worker) --------------------------------------------------------------------------
@@ -398,6 +393,8 @@ class StreamReader:
         self._read_seq = 0  # which read is in flight (a late unblock timer checks it)
         self.unblocks = 0  # CLIENT UNBLOCKs sent (diagnostics for the benchmarks and tests)
         self._down_since: float | None = None  # loop time of the first failed read
+        self._recheck_until = 0.0  # loop time: look for lost requests until then (a move)
+        self._rechecked_at = 0.0
         self.reads = 0  # XREAD round trips (diagnostics for the benchmarks)
         self.entries = 0
 
@@ -510,10 +507,15 @@ class StreamReader:
                 # redis-py may swallow a cancel that lands mid-read; honour it here.
                 raise asyncio.CancelledError()
             try:
+                if self._conn is not None and self._conn_pool is not None and not (
+                        await on_master(self._conn_pool, self._conn)):
+                    await self._drop_conn()  # a failover: read from the new master (ADR 0016)
+                    self._recheck_until = asyncio.get_running_loop().time() + LOST_RECHECK_S
                 if self._conn is None:
                     self._conn = await self._connect()
                     if self._down_since is not None:
                         await self._fail_lost(self._conn)
+                await self._recheck_lost(self._conn)
                 await self._read_once(self._conn)
                 backoff = 0.05
                 self._down_since = None
@@ -541,6 +543,12 @@ class StreamReader:
         for sk in stream_keys:
             for sub in list(self._subs.get(sk, [])):
                 sub.offer(event, position)
+
+    async def _recheck_lost(self, conn: Any) -> None:
+        now = asyncio.get_running_loop().time()
+        if now < self._recheck_until and now - self._rechecked_at >= LOST_RECHECK_EVERY_S:
+            self._rechecked_at = now
+            await self._fail_lost(conn)
 
     async def _fail_lost(self, conn: Any) -> None:
         """After a reconnect: a request whose state is gone (Redis restarted empty) will never

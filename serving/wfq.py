@@ -15,9 +15,11 @@ into credit a tenant can bank ahead of the others (tests/test_wfq.py measures bo
 
 Every operation is one Lua script in ``serving/lua/wfq/`` (the key layout and invariants are
 written there), so any number of gateway and worker processes can enqueue and dispatch at
-once: a request is never dispatched twice and never lost (see docs/adr/0001). ``Wfq`` uses
-a sync client, ``AsyncWfq`` an asyncio client; both run the same scripts and share the
-argument building and reply parsing below.
+once: a request is never dispatched twice and never lost (see docs/adr/0001). ``AsyncWfq`` is
+the serving path's (the gateway's cancels, the worker's dispatch); admission queues through
+``enter.lua`` and settlement corrects tags in ``settle.lua``, both including the same prelude.
+``Wfq`` runs the same scripts on a sync client for the janitor's removals, the pool status's
+backlog, tools and simulations; both share the argument building and reply parsing below.
 
 Slot fairness (``dispatch_many(..., running=...)``, docs/adr/0006): a dispatched sequence holds
 its slot until it ends, so a worker that passes its per-tenant running counts gets at most a
@@ -45,16 +47,17 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property, lru_cache
-from importlib import resources
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from infra.keyspace import WFQ_PARTS, wfq_key, wfq_queue_prefix
 from infra.loop_local import LoopLocal
-from infra.redis_conn import get_async_redis, get_redis, key, pool_tag
-from serving.keys import inflight_key
+from infra.redis_conn import get_async_redis, get_redis
+from serving.keys import inflight_key, req_key
+from serving.lua import source as lua_source
 
 POLICIES = ("wfq", "fifo")
 _SEP = "|"  # field separator inside a packed queue entry (see serving/lua/wfq/common.lua)
@@ -142,9 +145,17 @@ class QueueEntry:
 
 @dataclass(frozen=True)
 class DispatchedItem(QueueEntry):
-    """A request the dispatcher moved into a worker's in-flight set."""
+    """A request the dispatcher moved into a worker's in-flight set.
+
+    Dispatched with ``claim`` (dispatch.lua K1, K2), the same step claimed it: ``payload`` is
+    its transit payload and ``cancel_reason`` a cancel that came first, or ``claimed`` is False
+    when it was settled while queued (it is in no in-flight set: do not run it).
+    """
 
     worker_id: str = ""
+    claimed: bool = True
+    cancel_reason: str = ""
+    payload: Mapping[str, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -157,14 +168,14 @@ class Keys:
         _check(_POOL, "pool", self.pool)
 
     def part(self, name: str) -> str:
-        return key("wfq", pool_tag(self.pool), name)
+        return wfq_key(self.pool, name)
 
     @cached_property
     def qprefix(self) -> str:
         # Queue keys are built from this prefix inside the scripts: the pool's tag makes them
         # hash to the pool's slot like the declared keys (Redis Cluster routes a script by its
         # declared keys; an undeclared key on the same slot is allowed).
-        return key("wfq", pool_tag(self.pool), "q", "")
+        return wfq_queue_prefix(self.pool)
 
     def queue(self, tenant_id: str) -> str:
         return self.qprefix + tenant_id
@@ -172,8 +183,12 @@ class Keys:
     @cached_property
     def common(self) -> tuple[str, ...]:
         # Every script gets these first, in this order (serving/lua/wfq/common.lua).
-        return tuple(self.part(name) for name in ("heads", "items", "state", "last", "shift",
-                                                  "seen", "weight", "active"))
+        return tuple(self.part(name) for name in WFQ_PARTS)
+
+
+def pool_keys(pool: str) -> Keys:
+    """The pool's WFQ keys (settle.lua corrects a tenant's tags through them)."""
+    return _keys(pool)
 
 
 def _keys(pool: str) -> Keys:
@@ -202,8 +217,7 @@ def _number(what: str, value: float, *, positive: bool = False) -> str:
 
 @cache
 def _source(name: str) -> str:
-    lua = resources.files("serving") / "lua" / "wfq"
-    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    return lua_source("wfq/common.lua", f"wfq/{name}.lua")
 
 
 _SCRIPTS = ("enqueue", "dispatch", "remove", "complete", "backlog", "queued", "reset")
@@ -232,10 +246,20 @@ def _enqueue_call(keys: Keys, policy: str, prices: Prices, tenant_id: str, reque
     return [*keys.common, keys.queue(tenant_id)], args
 
 
+def enqueue_call(pool: str, policy: str, tenant_id: str, request_id: str, *, weight: float,
+                 prompt_tokens: int, max_output_tokens: int, kv_tokens: int,
+                 now: float | None = None, prices: Prices | None = None) -> Call:
+    """enqueue.lua's keys and arguments, which admission's ``enter.lua`` takes as its own."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}")
+    return _enqueue_call(_keys(pool), policy, prices or Prices.from_settings(), tenant_id,
+                         request_id, weight, prompt_tokens, max_output_tokens, kv_tokens, now)
+
+
 def _dispatch_call(keys: Keys, n: int, free_slots: int, free_kv_tokens: float,
                    overcommit: float, worker_id: str, lookahead: int,
                    running: Mapping[str, int] | None = None, now: float | None = None,
-                   engine: EngineShares | None = None) -> Call:
+                   engine: EngineShares | None = None, claim: Sequence[str] = ()) -> Call:
     _check(_ID, "worker_id", worker_id)
     if n < 0 or free_slots < 0 or lookahead < 0:
         raise ValueError("n, free_slots and lookahead must be >= 0")
@@ -248,6 +272,8 @@ def _dispatch_call(keys: Keys, n: int, free_slots: int, free_kv_tokens: float,
             *_running_args(running)]
     if engine is not None and running is not None:
         args += _engine_args(engine, args[-2])
+    if claim:  # dispatch.lua's ARGV[18..]: rule E's four are '' when it is off
+        args += [""] * (17 - len(args)) + [req_key(keys.pool, ""), worker_id, *claim]
     return [*keys.common, inflight_key(keys.pool, worker_id)], args
 
 
@@ -321,9 +347,21 @@ def _complete_call(keys: Keys, tenant_id: str, estimated_cost: float, actual_cos
 # --- reply parsing -------------------------------------------------------------------------
 
 
-def _dispatched(reply: Sequence[bytes], worker_id: str) -> list[DispatchedItem]:
-    # reply[0] is the pool's vtime after the dispatch; the entries follow.
-    return [DispatchedItem(**vars(QueueEntry.unpack(e)), worker_id=worker_id) for e in reply[1:]]
+def _dispatched(reply: Sequence[Any], worker_id: str,
+                claim: Sequence[str] = ()) -> list[DispatchedItem]:
+    # reply[0] is the pool's vtime after the dispatch; the entries follow, each followed by
+    # its claim when claiming.
+    if not claim:
+        return [DispatchedItem(**vars(QueueEntry.unpack(e)), worker_id=worker_id)
+                for e in reply[1:]]
+    out = []
+    for entry, got in zip(reply[1::2], reply[2::2], strict=True):
+        ok = int(got[0]) == 1
+        out.append(DispatchedItem(
+            **vars(QueueEntry.unpack(entry)), worker_id=worker_id, claimed=ok,
+            cancel_reason=got[1].decode() if ok else "",
+            payload=dict(zip(claim, got[2:], strict=True)) if ok else None))
+    return out
 
 
 def _backlog(reply: Sequence[Any]) -> dict[str, int]:
@@ -334,7 +372,8 @@ def _queued(entries: Sequence[bytes]) -> list[QueueEntry]:
     return sorted((QueueEntry.unpack(e) for e in entries), key=lambda e: e.seq)
 
 
-def _raise_script_error(exc: redis.ResponseError) -> None:
+def raise_script_error(exc: redis.ResponseError) -> None:
+    """The WFQ error a script's reply names, or the reply's own."""
     text = str(exc)
     if "WFQDUP" in text:
         raise DuplicateRequest(text) from exc
@@ -369,7 +408,7 @@ class Wfq(_Base):
         try:
             return self._scripts[name](keys=call[0], args=call[1])
         except redis.ResponseError as exc:
-            _raise_script_error(exc)
+            raise_script_error(exc)
 
     def enqueue(self, pool: str, tenant_id: str, request_id: str, *, weight: float,
                 prompt_tokens: int, max_output_tokens: int, kv_tokens: int,
@@ -462,7 +501,7 @@ class AsyncWfq(_Base):
         try:
             return await self._scripts[name](keys=call[0], args=call[1])
         except redis.ResponseError as exc:
-            _raise_script_error(exc)
+            raise_script_error(exc)
 
     async def enqueue(self, pool: str, tenant_id: str, request_id: str, *, weight: float,
                       prompt_tokens: int, max_output_tokens: int, kv_tokens: int,
@@ -474,11 +513,13 @@ class AsyncWfq(_Base):
     async def dispatch_many(self, pool: str, *, n: int, free_slots: int,
                             free_kv_tokens: float, worker_id: str, overcommit: float = 1.0,
                             lookahead: int = 0, running: Mapping[str, int] | None = None,
-                            now: float | None = None,
-                            engine: EngineShares | None = None) -> list[DispatchedItem]:
+                            now: float | None = None, engine: EngineShares | None = None,
+                            claim: Sequence[str] = ()) -> list[DispatchedItem]:
+        """As :meth:`Wfq.dispatch_many`; with ``claim`` (the transit payload's fields) the same
+        script claims each request it pops (dispatch.lua K1, K2: the worker's one round trip)."""
         call = _dispatch_call(_keys(pool), n, free_slots, free_kv_tokens,
-                              overcommit, worker_id, lookahead, running, now, engine)
-        return _dispatched(await self._run("dispatch", call), worker_id)
+                              overcommit, worker_id, lookahead, running, now, engine, claim)
+        return _dispatched(await self._run("dispatch", call), worker_id, claim)
 
     async def dispatch(self, pool: str, *, free_slots: int, free_kv_tokens: float,
                        worker_id: str, overcommit: float = 1.0, lookahead: int = 0,
@@ -524,64 +565,3 @@ _async_wfqs: LoopLocal[AsyncWfq] = LoopLocal(lambda: AsyncWfq(policy=settings.WF
 def for_loop() -> AsyncWfq:
     """This event loop's ``AsyncWfq`` (policy ``WFQ_POLICY``, prices read from settings)."""
     return _async_wfqs.get()
-
-
-# --- module-level shortcuts on the process's shared sync client ----------------------------
-# Only enqueue takes a policy: every other operation follows the one stored with the pool.
-
-
-@cache
-def _default(policy: str) -> Wfq:
-    return Wfq(policy=policy)
-
-
-def enqueue(pool: str, tenant_id: str, request_id: str, *, weight: float, prompt_tokens: int,
-            max_output_tokens: int, kv_tokens: int, policy: str = "wfq",
-            now: float | None = None) -> float:
-    return _default(policy).enqueue(pool, tenant_id, request_id, weight=weight,
-                                    prompt_tokens=prompt_tokens,
-                                    max_output_tokens=max_output_tokens, kv_tokens=kv_tokens,
-                                    now=now)
-
-
-def dispatch(pool: str, *, free_slots: int, free_kv_tokens: float, worker_id: str,
-             overcommit: float = 1.0, lookahead: int = 0,
-             running: Mapping[str, int] | None = None,
-             now: float | None = None) -> DispatchedItem | None:
-    return _default("wfq").dispatch(pool, free_slots=free_slots, free_kv_tokens=free_kv_tokens,
-                                     worker_id=worker_id, overcommit=overcommit,
-                                     lookahead=lookahead, running=running, now=now)
-
-
-def dispatch_many(pool: str, *, n: int, free_slots: int, free_kv_tokens: float, worker_id: str,
-                  overcommit: float = 1.0, lookahead: int = 0,
-                  running: Mapping[str, int] | None = None,
-                  now: float | None = None) -> list[DispatchedItem]:
-    return _default("wfq").dispatch_many(pool, n=n, free_slots=free_slots,
-                                          free_kv_tokens=free_kv_tokens, worker_id=worker_id,
-                                          overcommit=overcommit, lookahead=lookahead,
-                                          running=running, now=now)
-
-
-def remove(pool: str, tenant_id: str, request_id: str) -> bool:
-    return _default("wfq").remove(pool, tenant_id, request_id)
-
-
-def complete(pool: str, tenant_id: str, *, estimated_cost: float, actual_cost: float,
-             weight: float, request_id: str | None = None,
-             worker_id: str | None = None) -> float | None:
-    return _default("wfq").complete(pool, tenant_id, estimated_cost=estimated_cost,
-                                    actual_cost=actual_cost, weight=weight,
-                                    request_id=request_id, worker_id=worker_id)
-
-
-def backlog(pool: str) -> dict[str, int]:
-    return _default("wfq").backlog(pool)
-
-
-def queued_requests(pool: str) -> list[QueueEntry]:
-    return _default("wfq").queued_requests(pool)
-
-
-def reset(pool: str) -> None:
-    _default("wfq").reset(pool)

@@ -7,15 +7,19 @@ S3 counters return to zero. The tests race threads and processes against the scr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import multiprocessing as mp
 import random
 import threading
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from infra.redis_conn import get_redis, key, new_redis, redis_url
 from serving import admission as acc
@@ -23,6 +27,7 @@ from serving import settlement
 from serving.admission import AdmissionLimits, Admitted, Reason, Rejected, ScopeLimits
 from serving.keys import deadlines_key, req_key, stream_key, usage_pending_key
 from serving.lua import script
+from tests.procs import arun
 
 # Run on one Redis and again on a real Redis Cluster (tests/conftest.py redis_topology): every
 # script's keys must stay in one slot.
@@ -37,12 +42,17 @@ def limits(**tenant: int) -> AdmissionLimits:
     return AdmissionLimits(tenant=ScopeLimits(**base), total_deadline_s=60)
 
 
-def admit(rid: str, lim: AdmissionLimits, *, prompt: int = 100, out: int = 50,
-          stream: bool = True, tenant: int = 1, key_id: int = 11, now: float = T0,
-          client: redis.Redis | None = None) -> Admitted | Rejected:
-    return acc.admit(request_id=rid, tenant_id=tenant, key_id=key_id, pool="p", model="m",
-                     prompt_tokens=prompt, max_output_tokens=out, stream=stream, limits=lim,
-                     now=now, client=client)
+def admit_call(rid: str, lim: AdmissionLimits, *, prompt: int = 100, out: int = 50,
+               stream: bool = True, tenant: int = 1, key_id: int = 11, now: float = T0,
+               client: aioredis.Redis | None = None) -> Coroutine[Any, Any, Admitted | Rejected]:
+    """The gateway's admission (admit.lua, then enter.lua), as production calls it."""
+    return acc.admit_async(request_id=rid, tenant_id=tenant, key_id=key_id, pool="p", model="m",
+                           prompt_tokens=prompt, max_output_tokens=out, stream=stream,
+                           limits=lim, now=now, client=client)
+
+
+def admit(rid: str, lim: AdmissionLimits, **kw: Any) -> Admitted | Rejected:
+    return arun(admit_call(rid, lim, **kw))
 
 
 def level(r: redis.Redis, scope: str, ident: int, kind: str, tenant: int = 1) -> float:
@@ -239,12 +249,20 @@ def test_concurrent_settles_settle_once(redis_client):
 
 
 def _admit_many(url: str, worker: int, n: int, out: list[int] | None = None) -> int:
-    client = new_redis()  # url: the parent's, for the record
     lim = limits(output_tpm=600, concurrent_requests=1000, open_streams=1000)
-    won = 0
-    for i in range(n):
-        result = admit(f"w{worker}-{i}", lim, prompt=1, out=7, client=client)
-        won += isinstance(result, Admitted)
+
+    async def many() -> int:
+        client = aioredis.Redis.from_url(url)  # this thread's loop's own connections
+        won = 0
+        try:
+            for i in range(n):
+                result = await admit_call(f"w{worker}-{i}", lim, prompt=1, out=7, client=client)
+                won += isinstance(result, Admitted)
+        finally:
+            await client.aclose()
+        return won
+
+    won = asyncio.run(many())
     if out is not None:
         out.append(won)
     return won
@@ -354,7 +372,7 @@ def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
     async def main():
         sub = await _submit("q", limits())
         assert isinstance(sub, Submission)
-        assert [e.request_id for e in wfq.queued_requests("fp")] == ["q"]
+        assert [e.request_id for e in wfq.Wfq(redis_client).queued_requests("fp")] == ["q"]
         assert redis_client.hget(req_key("fp", "q"), "prompt_ids")  # payload in transit
         await sub.cancel("client_disconnect")
         await sub.cancel("client_disconnect")  # idempotent
@@ -363,7 +381,7 @@ def test_cancel_while_queued_removes_and_settles_without_billing(redis_client):
     events = arun(main())
     assert len(events) == 1 and isinstance(events[0], FinishEvent)
     assert events[0].finish_reason == "abort"
-    assert wfq.queued_requests("fp") == []
+    assert wfq.Wfq(redis_client).queued_requests("fp") == []
     [record] = map(json.loads, redis_client.lrange(usage_pending_key("fp"), 0, -1))
     assert record["status"] == "cancelled" and record["prompt_tokens"] == 0
     assert record["error_code"] == "client_disconnect"
@@ -415,7 +433,7 @@ def test_attach_finds_only_the_tenants_own_request(redis_client):
 
 
 def _charge_only(rid: str, lim: AdmissionLimits, *, now: float) -> None:
-    """admit.lua alone: a gateway that died before open.lua wrote the request."""
+    """admit.lua alone: a gateway that died before enter.lua wrote the request."""
     calls = acc._admit_call(request_id=rid, tenant_id=1, key_id=11, pool="p", model="m",
                             prompt_tokens=100, max_output_tokens=50, stream=True, limits=lim,
                             now=now, extra=None)
@@ -477,3 +495,109 @@ def test_an_id_reused_after_settlement_is_refused_and_its_new_charge_undone(redi
     after = (level(redis_client, "tenant", 1, "out"), counter(redis_client, "conc", "tenant", 1))
     assert after == before
     assert not redis_client.zcard(acc.token_keys(1)[0])
+
+
+# -- the pool's slot: enter.lua (O1, O2, W1), dispatch's claim (K1, K2), settle's WFQ step (S5) --
+
+
+def test_admission_writes_queues_and_wakes_in_one_pool_slot_step(redis_client):
+    """O1, W1: once admitted, the request is in its state hash, the backstop and its queue, and
+    an idle worker's wake list has been pushed; nothing else is needed before dispatch."""
+    from serving import wfq
+    from serving.keys import wake_key
+
+    assert isinstance(admit("r", limits()), Admitted)
+    assert redis_client.hget(req_key("p", "r"), "state") == b"queued"
+    assert redis_client.zscore(deadlines_key("p"), "r") is not None
+    assert [e.request_id for e in wfq.Wfq(redis_client).queued_requests("p")] == ["r"]
+    assert redis_client.lrange(wake_key("p"), 0, -1) == [b"1"]
+    for i in range(100):  # W1: unread wakes never pile up
+        admit(f"more{i}", limits(concurrent_requests=1000, open_streams=1000), prompt=1, out=1)
+    assert redis_client.llen(wake_key("p")) == 64
+
+
+def test_a_refused_pool_slot_step_gives_the_whole_charge_back(redis_client):
+    """O2, A2: the pool's queue refuses the request after admit.lua charged it (the pool holds
+    requests of the other policy): the charge comes back and nothing of the request is left."""
+    from serving import wfq
+
+    wfq.Wfq(redis_client, policy="fifo").enqueue("p", "9", "other", weight=1.0,
+                                                 prompt_tokens=1, max_output_tokens=1,
+                                                 kv_tokens=2)
+    lim = limits()
+    with pytest.raises(wfq.PolicyMismatch):
+        admit("r", lim)
+    assert level(redis_client, "tenant", 1, "in") == 6000
+    assert level(redis_client, "tenant", 1, "out") == 600
+    for name in ("conc", "streams"):
+        assert counter(redis_client, name, "tenant", 1) == 0
+        assert counter(redis_client, name, "key", 11) == 0
+    assert not redis_client.exists(req_key("p", "r"))
+    assert redis_client.zscore(deadlines_key("p"), "r") is None
+    assert redis_client.zcard(acc.token_keys(1)[0]) == 0  # no release token left behind
+    assert wfq.Wfq(redis_client).remove("p", "9", "other")  # drained: the policy may switch
+    assert isinstance(admit("r", limits(concurrent_requests=1)), Admitted)  # no slot leaked
+
+
+def _dispatch(worker: str, n: int = 10) -> list[Any]:
+    from serving import wfq
+    from serving.wire import PAYLOAD_FIELDS
+
+    async def main() -> list[Any]:
+        return await wfq.AsyncWfq().dispatch_many("p", n=n, free_slots=n, free_kv_tokens=10**9,
+                                                  worker_id=worker, claim=PAYLOAD_FIELDS)
+    return arun(main())
+
+
+def test_dispatch_claims_what_it_pops_and_never_starts_a_settled_request(redis_client):
+    """K1: only a queued request is claimed (running, in the in-flight set); one settled while
+    still queued leaves its queue but is neither claimed nor in flight. K2: the payload is
+    handed over and deleted in the same step."""
+    from serving.keys import inflight_key
+
+    lim = limits(concurrent_requests=100)
+    assert isinstance(arun(admit_call("live", lim, now=None, client=None)), Admitted)
+    redis_client.hset(req_key("p", "live"), mapping={"prompt_ids": b"ids", "salt": b"s"})
+    assert isinstance(admit("gone", lim), Admitted)
+    assert settlement.settle("p", "gone", status="cancelled", output_tokens=0, now=T0)
+    got = {item.request_id: item for item in _dispatch("w1")}
+    assert got["live"].claimed and got["live"].payload["prompt_ids"] == b"ids"
+    assert not got["gone"].claimed and got["gone"].payload is None
+    assert redis_client.smembers(inflight_key("p", "w1")) == {b"live"}
+    state = redis_client.hgetall(req_key("p", "live"))
+    assert state[b"state"] == b"running" and state[b"worker"] == b"w1"
+    assert b"prompt_ids" not in state and b"salt" not in state  # K2
+    assert _dispatch("w2") == []  # H3: nothing is dispatched twice
+
+
+def test_settle_corrects_the_tenants_wfq_tags_once(redis_client, settings):
+    """S5: a dispatched request's settle moves its tenant's last tag by (actual - estimated
+    cost) / weight in the same step, once however often it is repeated."""
+    from serving import wfq
+
+    settings.WFQ_INPUT_PRICE, settings.WFQ_OUTPUT_PRICE, settings.WFQ_KV_PRICE = 1.0, 2.0, 0.0
+    lim = limits(concurrent_requests=100)
+    assert isinstance(arun(acc.admit_async(
+        request_id="r", tenant_id=1, key_id=11, pool="p", model="m", prompt_tokens=100,
+        max_output_tokens=50, stream=True, limits=lim, now=T0, extra={"weight": "2.0"},
+        queueing=acc.Queueing(weight=2.0, kv_tokens=150))), Admitted)
+    assert [item.request_id for item in _dispatch("w1")] == ["r"]
+    estimated_last = float(redis_client.hget(wfq.pool_keys("p").part("last"), "1"))
+    assert estimated_last == (100 + 2 * 50) / 2.0
+    for _ in range(2):
+        settlement.settle("p", "r", status="ok", prompt_tokens=100, output_tokens=10, now=T0)
+    last = float(redis_client.hget(wfq.pool_keys("p").part("last"), "1"))
+    assert last == estimated_last + ((100 + 2 * 10) - (100 + 2 * 50)) / 2.0
+
+
+def test_a_request_removed_from_its_queue_gets_no_second_correction(redis_client):
+    """S5: a cancel while queued gives the whole cost back through remove.lua; its settle
+    (not dispatched) leaves the tags alone."""
+    from serving import wfq
+
+    assert isinstance(admit("q", limits()), Admitted)
+    w = wfq.Wfq(redis_client)
+    assert w.remove("p", "1", "q")
+    after_remove = redis_client.hget(wfq.pool_keys("p").part("last"), "1")
+    assert settlement.settle("p", "q", status="cancelled", prompt_tokens=0, output_tokens=0)
+    assert redis_client.hget(wfq.pool_keys("p").part("last"), "1") == after_remove

@@ -7,6 +7,7 @@ within B + R*T/60, while admissions run concurrently with rebalances and a cell'
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 
 from serving import admission, cells
 from serving.admission import AdmissionLimits, ScopeLimits
@@ -53,10 +55,20 @@ def admit_once(client: redis.Redis, q: Share, n_cells: int, tokens: int) -> bool
                                            output_burst=int(q.out_burst))),
         q, n_cells, FLOOR)
     cells.record_demand(client, TENANT, tokens + 1)
-    result = admission.admit(
-        request_id=f"cell-{next(_ids)}", tenant_id=TENANT, key_id=1, pool="p", model="m",
-        prompt_tokens=1, max_output_tokens=tokens, stream=False, limits=limits, client=client)
-    return isinstance(result, admission.Admitted)
+    where = client.connection_pool.connection_kwargs
+
+    async def admit() -> admission.Admitted | admission.Rejected:
+        # The gateway's admission, on this cell's Redis (a client of this thread's loop).
+        cell = aioredis.Redis(host=where["host"], port=where["port"], db=where.get("db", 0))
+        try:
+            return await admission.admit_async(
+                request_id=f"cell-{next(_ids)}", tenant_id=TENANT, key_id=1, pool="p",
+                model="m", prompt_tokens=1, max_output_tokens=tokens, stream=False,
+                limits=limits, client=cell)
+        finally:
+            await cell.aclose()
+
+    return isinstance(asyncio.run(admit()), admission.Admitted)
 
 
 # -- the plan ---------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ def host_with(prefill: float = 20_000.0) -> EngineHost:
         return None
 
     host._serve = nothing  # type: ignore[method-assign]
-    host._wake_self = nothing  # type: ignore[method-assign]
     host._slot_freed = asyncio.Event()
     return host
 
@@ -77,3 +76,23 @@ def test_an_engine_without_a_prefill_rate_gets_kv_shares_only() -> None:
                       NoRateEngine(SimConfig(kv_cache_tokens=100_000)))
     # The KV cache bounds what can wait for prefill anyway: only the KV share binds.
     assert host._engine_shares().prefill_capacity == 100_000.0
+
+
+def test_a_freed_slot_wakes_the_dispatch_loop_in_process() -> None:
+    """A worker wakes its own dispatch loop with a local signal, not a Redis round trip: with
+    no Redis at all, a freed slot ends the loop's wait well before its timeout."""
+    from workers.host import WAKE_TIMEOUT_S
+
+    async def main() -> None:
+        host = host_with()
+        host._redis = None  # any Redis call would fail
+        host._work, host._idle = asyncio.Event(), asyncio.Event()
+        host._start("r1", 10, "a", 1.0)
+        waiting = asyncio.create_task(host._wait_for_work())
+        await asyncio.sleep(0)
+        assert host._idle.is_set()  # the pool's wake list is watched only while idle
+        host._freed("r1")
+        await asyncio.wait_for(waiting, WAKE_TIMEOUT_S / 5)
+        assert not host._idle.is_set()
+
+    asyncio.run(main())

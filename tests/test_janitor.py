@@ -16,6 +16,7 @@ from serving import janitor, transport, wfq, wire
 from serving.admission import AdmissionLimits, ScopeLimits
 from serving.keys import deadlines_key, inflight_key, req_key, stream_key, usage_pending_key
 from serving.lua import script
+from tests.procs import arun
 
 # Run on one Redis and again on a real Redis Cluster (tests/conftest.py redis_topology): every
 # script's keys must stay in one slot.
@@ -36,21 +37,30 @@ def now(r: redis.Redis) -> float:
     return secs + micros / 1e6
 
 
+def admit(rid: str, *, tenant: int = 1, out: int = 100) -> None:
+    """Admitted and queued in the WFQ (admit.lua, enter.lua), as the gateway does it."""
+    assert isinstance(arun(acc.admit_async(
+        request_id=rid, tenant_id=tenant, key_id=tenant, pool="jp", model="m", prompt_tokens=10,
+        max_output_tokens=out, stream=True, limits=LIMITS, extra={"weight": "1.0"},
+        queueing=acc.Queueing(kv_tokens=10 + out))), acc.Admitted)
+
+
 def admit_and_dispatch(r: redis.Redis, rid: str, worker: str, *, tenant: int = 1) -> None:
-    """Admitted, queued in the WFQ, then dispatched into ``worker``'s in-flight set."""
-    assert isinstance(acc.admit(request_id=rid, tenant_id=tenant, key_id=tenant, pool="jp",
-                                model="m", prompt_tokens=10, max_output_tokens=100, stream=True,
-                                limits=LIMITS, extra={"weight": "1.0"}), acc.Admitted)
-    wfq.enqueue("jp", str(tenant), rid, weight=1.0, prompt_tokens=10, max_output_tokens=100,
-                kv_tokens=110)
-    assert wfq.dispatch("jp", free_slots=1, free_kv_tokens=10_000, worker_id=worker)
+    """Admitted, then dispatched into ``worker``'s in-flight set and claimed, as a worker's
+    dispatch loop does it (dispatch.lua K1)."""
+    admit(rid, tenant=tenant)
+
+    async def dispatch() -> list[wfq.DispatchedItem]:
+        return await wfq.AsyncWfq().dispatch_many(
+            "jp", n=1, free_slots=1, free_kv_tokens=10_000, worker_id=worker,
+            claim=wire.PAYLOAD_FIELDS)
+
+    [item] = arun(dispatch())
+    assert item.request_id == rid and item.claimed
 
 
-def claim_and_deliver(r: redis.Redis, rid: str, worker: str, tokens: int) -> None:
-    """What a worker does before dying: claim, then stream ``tokens`` tokens."""
-    reply = script("claim").run(r, [req_key("jp", rid)], [worker, inflight_key("jp", worker), "",
-                                                         *wire.PAYLOAD_FIELDS])
-    assert reply[0] == 1
+def deliver(r: redis.Redis, rid: str, tokens: int) -> None:
+    """What a worker does before dying: stream ``tokens`` tokens."""
     for _ in range(tokens):
         r.xadd(stream_key("jp", rid), {"t": "x", "n": 1})
         r.hincrby(req_key("jp", rid), "delivered", 1)
@@ -72,19 +82,19 @@ def records(r: redis.Redis) -> dict[str, dict]:
 def test_dead_worker_requests_get_retryable_error_and_are_billed_for_delivered(redis_client):
     r = redis_client
     admit_and_dispatch(r, "running", "dead")
-    claim_and_deliver(r, "running", "dead", tokens=7)
-    admit_and_dispatch(r, "unclaimed", "dead", tenant=2)  # dispatched, worker died before claim
+    deliver(r, "running", tokens=7)
+    admit_and_dispatch(r, "silent", "dead", tenant=2)  # dispatched, died before its first token
     register(r, "dead", age=10)
 
     report = janitor.sweep()
     assert report.dead_workers == ["dead"]
-    assert sorted(report.lost_requests) == ["running", "unclaimed"]
-    for rid in ("running", "unclaimed"):
+    assert sorted(report.lost_requests) == ["running", "silent"]
+    for rid in ("running", "silent"):
         entry = last_entry(r, rid)
         assert entry[b"e"] == b"worker_lost" and entry[b"r"] == b"1"
     got = records(r)
     assert got["running"]["completion_tokens"] == 7 and got["running"]["status"] == "error"
-    assert got["unclaimed"]["completion_tokens"] == 0
+    assert got["silent"]["completion_tokens"] == 0
     assert r.zscore(pool_key("workers", "jp"), "dead") is None
     assert r.scard(inflight_key("jp", "dead")) == 0
     for pattern in ("conc:*", "streams:*"):
@@ -99,7 +109,7 @@ def test_a_live_worker_is_left_alone(redis_client):
     admit_and_dispatch(redis_client, "fine", "alive")
     register(redis_client, "alive", age=0.1)
     assert janitor.sweep().dead_workers == []
-    assert redis_client.hget(req_key("jp", "fine"), "state") == b"queued"
+    assert redis_client.hget(req_key("jp", "fine"), "state") == b"running"
     assert redis_client.sismember(inflight_key("jp", "alive"), "fine")
 
 
@@ -111,7 +121,7 @@ def test_a_heartbeat_that_lands_before_the_reap_wins(redis_client):
             pool_key("worker", "jp", "slow", "load")]
     assert script("heartbeat").run(r, keys, ["slow", "jp", 10]) == 1
     assert janitor.reap_worker(r, "jp", "slow", janitor.SweepReport()) is False
-    assert r.hget(req_key("jp", "saved"), "state") == b"queued"
+    assert r.hget(req_key("jp", "saved"), "state") == b"running"
 
 
 def test_a_reaped_worker_never_beats_again_under_its_id(redis_client):
@@ -129,7 +139,7 @@ def test_many_janitors_at_once_settle_each_request_once(redis_client):
     rids = [f"r{i}" for i in range(30)]
     for i, rid in enumerate(rids):
         admit_and_dispatch(r, rid, "dead", tenant=i % 3)
-        claim_and_deliver(r, rid, "dead", tokens=i % 4)
+        deliver(r, rid, tokens=i % 4)
     register(r, "dead", age=10)
     barrier = threading.Barrier(6)
 
@@ -150,15 +160,12 @@ def test_many_janitors_at_once_settle_each_request_once(redis_client):
 
 def test_overdue_queued_request_is_expired_and_leaves_its_queue(redis_client):
     r = redis_client
-    assert isinstance(acc.admit(request_id="late", tenant_id=1, key_id=1, pool="jp", model="m",
-                                prompt_tokens=10, max_output_tokens=50, stream=False,
-                                limits=LIMITS), acc.Admitted)
-    wfq.enqueue("jp", "1", "late", weight=1.0, prompt_tokens=10, max_output_tokens=50,
-                kv_tokens=60)
+    admit("late", out=50)
+    assert [e.request_id for e in wfq.Wfq(r).queued_requests("jp")] == ["late"]
     deadline = r.zscore(deadlines_key("jp"), "late")
     assert janitor.settle_overdue(r, now=deadline - 1).expired_requests == []
     assert janitor.settle_overdue(r, now=deadline + 1).expired_requests == ["late"]
-    assert wfq.queued_requests("jp") == []
+    assert wfq.Wfq(r).queued_requests("jp") == []
     entry = last_entry(r, "late")
     assert entry[b"e"] == b"deadline_exceeded" and entry[b"r"] == b"0"
     record = records(r)["late"]
@@ -169,7 +176,7 @@ def test_overdue_queued_request_is_expired_and_leaves_its_queue(redis_client):
 def test_overdue_running_request_is_settled_and_its_worker_told_to_abort(redis_client):
     r = redis_client
     admit_and_dispatch(r, "stuck", "w")
-    claim_and_deliver(r, "stuck", "w", tokens=3)
+    deliver(r, "stuck", tokens=3)
     register(r, "w", age=0)
     pubsub = r.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(transport.cancel_channel("jp"))

@@ -110,15 +110,15 @@ def test_every_script_call_stays_in_one_slot(settings: Any) -> None:
         request_id="r1", tenant_id=42, key_id=7, pool="chat", model="m", prompt_tokens=3,
         max_output_tokens=4, stream=True, limits=limits, now=None, extra=None)
     tenant_slot = _slot(*calls.charge_keys)
-    pool_slot = _slot(*calls.open_keys)
+    pool_slot = _slot(*calls.enter_keys)
     assert len(tenant_slot) == 1 and len(pool_slot) == 1
     assert tenant_slot != pool_slot  # the split is real: they would be CROSSSLOT together
     assert _slot(*admission._unwind_args(calls)[0]) == tenant_slot
 
     keys, _ = settlement.settle_call("chat", "r1", status="ok", inflight=inflight_key("chat", "w"))
     assert _slot(*keys, inflight_key("chat", "w")) == pool_slot
-    # release.lua's keys come back from settle.lua: the req hash stores them at open.
-    fields = dict(zip(calls.open_args[3::2], calls.open_args[4::2], strict=True))
+    # release.lua's keys come back from settle.lua: the req hash stores them at enter.
+    fields = dict(zip(calls.enter_args[10::2], calls.enter_args[11::2], strict=True))
     release_keys = [fields["tk"], fields["tw"], *(fields[f"b{i}"] for i in range(1, 5))]
     assert _slot(*release_keys) == tenant_slot
 
@@ -126,7 +126,9 @@ def test_every_script_call_stays_in_one_slot(settings: Any) -> None:
     assert _slot(*w.common, w.queue("42"), inflight_key("chat", "w"), w.qprefix) == pool_slot
     assert _slot(workers_key("chat"), worker_key("chat", "w", "reaped"),
                  worker_key("chat", "w", "load"), inflight_key("chat", "w")) == pool_slot
-    assert _slot(transport.wake_key("chat"), transport.worker_wake_key("chat", "w")) == pool_slot
+    assert _slot(transport.wake_key("chat"), w.qprefix) == pool_slot
+    # dispatch.lua claims req:{pool}:rid by prefix (undeclared, on the declared keys' slot)
+    assert _slot(req_key("chat", ""), req_key("chat", "zz"), *w.common) == pool_slot
     assert _slot(req_key("chat", "a"), transport.stream_key("chat", "a"),
                  req_key("chat", "b"), transport.stream_key("chat", "b")) == pool_slot
     assert _slot(metering_keys.pending_key("chat"), metering_keys.processing_key("chat"),
@@ -191,10 +193,10 @@ def test_a_reshard_of_a_pools_slot_moves_its_streams_and_settles_once(
     pool, rid = "mv-pool", "mv-1"
     r: Any = redis_conn.get_redis()
     r.flushdb()
-    assert isinstance(admission.admit(
+    assert isinstance(arun(admission.admit_async(
         request_id=rid, tenant_id=5, key_id=5, pool=pool, model="m", prompt_tokens=3,
         max_output_tokens=100, stream=True,
-        limits=admission.AdmissionLimits(tenant=admission.ScopeLimits(concurrent_requests=1))),
+        limits=admission.AdmissionLimits(tenant=admission.ScopeLimits(concurrent_requests=1)))),
         admission.Admitted)
     slot = key_slot(req_key(pool, rid).encode())
     src = cluster.owner(req_key(pool, rid))

@@ -70,6 +70,29 @@ def test_sentinel_clients_find_the_master_through_the_sentinels(fresh_clients: N
     assert async_pool.max_connections == redis_conn.ASYNC_MAX_CONNECTIONS
     relay = redis_conn.new_async_pool(client_name="relay")
     assert isinstance(relay, aiosentinel.SentinelConnectionPool)
+    # Each follows a failover as connections are taken (ADR 0016), not only when it opens one.
+    assert isinstance(pool, redis_conn._FollowingSentinelPool)
+    assert isinstance(async_pool, redis_conn._AsyncFollowingSentinelPool)
+    assert isinstance(relay, redis_conn._AsyncFollowingSentinelPool)
+
+
+def test_a_master_move_seen_by_one_pool_makes_every_pool_ask_at_once(monkeypatch) -> None:
+    """A process's pools move together: one admitting on the old master while another reads
+    the new one loses requests in between (tests/test_faults_sentinel.py, failover)."""
+    clock = [100.0]
+    monkeypatch.setattr(redis_conn.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(redis_conn._MasterWatch, "moves", 0)
+    a, b = redis_conn._MasterWatch(), redis_conn._MasterWatch()
+    assert a.due() and b.due()  # the first look
+    clock[0] += redis_conn.MASTER_CHECK_S / 2
+    assert not a.due() and not b.due()  # within the period: no sentinel round trip
+    a.saw(("10.0.0.1", 6379), ("10.0.0.2", 6379))  # a learned of a failover
+    assert b.due() and not b.due()  # b asks at once, then waits its period again
+    assert not a.due()  # a already knows
+    a.saw(("10.0.0.2", 6379), ("10.0.0.2", 6379))  # no move: nobody is woken
+    assert not b.due()
+    clock[0] += redis_conn.MASTER_CHECK_S
+    assert a.due() and b.due()  # the period
 
 
 @override_settings(REDIS_SENTINEL_NODES=NODES, REDIS_SENTINEL_MASTER="igw", REDIS_URL="")

@@ -39,9 +39,10 @@ async def _write_steps(rids: list[str], steps: int, *, pause: float = 0.0) -> No
 
 
 def _admit(rid: str) -> None:
-    acc.admit(request_id=rid, tenant_id=1, key_id=1, pool="p", model="m", prompt_tokens=3,
-              max_output_tokens=1000, stream=True,
-              limits=acc.AdmissionLimits(tenant=acc.ScopeLimits()))
+    assert isinstance(arun(acc.admit_async(
+        request_id=rid, tenant_id=1, key_id=1, pool="p", model="m", prompt_tokens=3,
+        max_output_tokens=1000, stream=True,
+        limits=acc.AdmissionLimits(tenant=acc.ScopeLimits()))), acc.Admitted)
 
 
 def test_step_batch_writes_one_entry_per_request_and_counts_delivery(redis_client):

@@ -253,7 +253,7 @@ def test_ttft_deadline_cancels_a_queued_request(workers, redis_client):
     record = wait_for_record(rid)
     assert record["status"] == "cancelled" and record["completion_tokens"] == 0
     assert record["prompt_tokens"] == 0  # never reached the engine: nothing billed
-    assert wfq.queued_requests("it-one") == []
+    assert wfq.Wfq().queued_requests("it-one") == []
 
 
 def test_engine_error_ends_the_stream_and_settles(workers, redis_client):
@@ -383,7 +383,7 @@ def test_sigterm_drains_running_sequences_and_leaves_queue_alone(pools, redis_cl
         assert isinstance(last, FinishEvent) and last.usage.completion_tokens == 60
         assert worker.popen.wait(20) == 0
         assert redis_client.zscore(rkeys.workers_key("it-drain"), "it-drain-w1") is None
-        assert [q.request_id for q in wfq.queued_requests("it-drain")] == ["drain-1"]
+        assert [q.request_id for q in wfq.Wfq().queued_requests("it-drain")] == ["drain-1"]
         arun(waiting.cancel("test_done"))
         assert wait_for_record("drain-1")["status"] == "cancelled"
     finally:

@@ -5,10 +5,12 @@ the pool's engine from its ``Pool`` row (``workers.engine.registry.build_engine`
 or setting fails the worker's start with a message naming the pool) and runs, on an asyncio
 loop in its own thread:
 
-- the dispatch loop: pulls the next request from the pool's WFQ only while the engine has a
-  free slot and KV room (``wfq.dispatch_many`` moves it atomically into this worker's in-flight
-  set), and otherwise waits in ``BLPOP`` on the pool's wake list (pushed by every enqueue) and
-  this worker's own (pushed when a slot frees), so it wakes at once without busy-polling;
+- the dispatch loop: pulls the next requests from the pool's WFQ only while the engine has a
+  free slot and KV room (``wfq.dispatch_many`` moves them atomically into this worker's
+  in-flight set and claims them, payload included, in the same script), and otherwise waits on
+  a local signal: set in-process when a slot frees, and by a task that waits in ``BLPOP`` on the
+  pool's wake list (pushed by every admission) while the loop is idle, so it wakes at once
+  without busy-polling and without a Redis round trip to wake itself;
 - one consumer task per running request, pumping engine deltas into the step batch; the
   flusher writes each step's batch in one pipeline (``transport.StepBatch``), and a request's
   settlement (with the engine's own usage) rides in the same pipeline after its last tokens;
@@ -56,13 +58,13 @@ from celery.signals import worker_shutting_down
 from django.conf import settings
 
 from infra import quietlog, tracing
-from infra.redis_conn import get_async_redis, new_async_pubsub_client
-from serving import admission, janitor, settlement, transport
-from serving.keys import inflight_key, pools_key, worker_key, workers_key
+from infra.redis_conn import get_async_redis, is_outage, new_async_pubsub_client
+from serving import janitor, settlement, transport
+from serving.keys import inflight_key, pools_key, wake_key, worker_key, workers_key
 from serving.lua import script
 from serving.settlement import Status
-from serving.wfq import AsyncWfq, EngineShares
-from serving.wire import unpack_prompt, unpack_sampling, usage_of
+from serving.wfq import AsyncWfq, DispatchedItem, EngineShares
+from serving.wire import PAYLOAD_FIELDS, text, unpack_prompt, unpack_sampling, usage_of
 from workers.engine.base import (
     Engine,
     EngineError,
@@ -77,6 +79,8 @@ log = logging.getLogger(__name__)
 
 REFUSED = "engine_refused"  # the error code of a request the engine turned down (EngineError)
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
+# How often a worker compares its in-flight set with what it runs (_reconcile): one SMEMBERS.
+RECONCILE_S = 1.0
 ENGINE_CHECK_S = 0.5  # how often the watchdog asks the engine whether it is still alive
 MAX_ENGINE_RESTARTS = 3  # restarts in one worker's life; past that it exits to be replaced
 ENGINE_FAILED_EXIT = 70  # the worker's exit status when its engine cannot be revived
@@ -128,6 +132,9 @@ class _Running:
     popped_ns: int = 0  # dispatched to this worker (the queue wait ends)
     submitted_ns: int = 0  # handed to the engine (prefill begins)
     first_ns: int = 0  # its first output (decode begins)
+    # What the dispatcher's claim handed over (its payload, an early cancel), until _serve
+    # gives the payload to the engine.
+    claim: DispatchedItem | None = None
 
     @property
     def started(self) -> bool:
@@ -175,6 +182,18 @@ class EngineHost:
         self._waiters: list[asyncio.Future[Any]] = []
         self._flush_needed: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+        # Work may be waiting: set by a slot freeing, a prefill ending, the drain (in-process,
+        # no Redis round trip) and by the pool's wake list (_pool_wakes); the dispatch loop
+        # waits on it when the queue gave it nothing.
+        self._work: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None  # the dispatch loop is waiting on _work
+        # Held while a dispatch's claims travel from Redis into self.running, so _reconcile
+        # never takes a request just claimed for one we do not run.
+        self._dispatching: asyncio.Lock | None = None
+        # Ids this worker had before the janitor reaped it (_rejoin): their in-flight sets are
+        # reconciled too until empty.
+        self._past_ids: list[str] = []
+        self._reconciled_at = 0.0
         self._redis: Any = None
         self._wfq: Any = None
         self._vocab: int | None = None  # the engine tokenizer's vocabulary size, read once
@@ -184,10 +203,6 @@ class EngineHost:
     @property
     def inflight(self) -> str:
         return inflight_key(self.spec.name, self.worker_id)
-
-    def _self_wake(self) -> str:
-        # On the pool's slot, like the pool's wake list: BLPOP waits on both in one command.
-        return transport.worker_wake_key(self.spec.name, self.worker_id)
 
     def request_stop(self) -> None:
         """Thread-safe: begin the drain."""
@@ -199,6 +214,8 @@ class EngineHost:
         self._loop = asyncio.get_running_loop()
         self._stop, self._flush_needed = asyncio.Event(), asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._work, self._idle = asyncio.Event(), asyncio.Event()
+        self._dispatching = asyncio.Lock()
         self._engine_ok = asyncio.Event()
         self._engine_ok.set()
         self._redis = get_async_redis()
@@ -206,7 +223,7 @@ class EngineHost:
         await self.engine.start()
         await self._beat()  # registered before taking work, so a janitor can see us
         background = [self._flusher(), self._cancel_listener(), self._heartbeats(),
-                      self._janitor(), self._engine_watchdog()]
+                      self._janitor(), self._engine_watchdog(), self._pool_wakes()]
         bg_tasks = [asyncio.create_task(c) for c in background]
         dispatch = asyncio.create_task(self._dispatch_loop())
         self.ready.set()
@@ -221,7 +238,6 @@ class EngineHost:
             with contextlib.suppress(Exception):  # a dead engine may fail to stop cleanly
                 await self.engine.stop()
             await script("leave").run_async(self._redis, self._worker_keys(), [self.worker_id])
-            await self._redis.delete(self._self_wake())
             log.info("engine host %s drained and left pool %s", self.worker_id, self.spec.name)
 
     async def _drain(self, dispatch: asyncio.Task[None]) -> None:
@@ -229,7 +245,7 @@ class EngineHost:
         assert self._slot_freed is not None and self._engine_ok is not None
         self._slot_freed.set()  # a dispatch loop waiting for a free slot sees the drain
         self._engine_ok.set()  # ... and one waiting for a restarted engine
-        await self._wake_self("stop")
+        self._wake_self()
         await asyncio.gather(dispatch, return_exceptions=True)
         if self._tasks:
             log.info("draining %d running sequences", len(self._tasks))
@@ -260,33 +276,68 @@ class EngineHost:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
-            try:
-                items = await self._wfq.dispatch_many(
-                    self.spec.name, n=free_slots, free_slots=free_slots,
-                    free_kv_tokens=max(0, self.spec.kv_cache_tokens - self._reserved_kv()),
-                    overcommit=self.spec.kv_overcommit, worker_id=self.worker_id,
-                    # This worker's own sequences per tenant: the dispatcher caps a tenant at its
-                    # weighted share of our slots while others are active (ADR 0006). Ours, so
-                    # no shared counter can be left wrong by an exit path.
-                    running=self._per_tenant, engine=self._engine_shares(),
-                )
-            except Exception:
-                log.exception("dispatch failed")
+            assert self._work is not None and self._dispatching is not None
+            self._work.clear()  # a wake from now on means: look again
+            async with self._dispatching:
+                items = await self._dispatch_once(free_slots)
+            if items is None:
                 await asyncio.sleep(WAKE_TIMEOUT_S)
-                continue
-            for item in items:
-                self._start(item.request_id, item.kv_tokens, item.tenant_id, item.tag)
-            if not items:
+            elif not items:
                 await self._wait_for_work()
 
-    async def _wait_for_work(self) -> None:
-        # Blocks on a pool-wide list (new work) and this worker's own (a slot freed, or stop).
+    async def _dispatch_once(self, free_slots: int) -> list[DispatchedItem] | None:
+        """Pop and claim up to free_slots requests and start them; None if Redis failed."""
         try:
-            await self._redis.blpop([transport.wake_key(self.spec.name), self._self_wake()],
-                                    timeout=WAKE_TIMEOUT_S)
+            items: list[DispatchedItem] = await self._wfq.dispatch_many(
+                self.spec.name, n=free_slots, free_slots=free_slots,
+                free_kv_tokens=max(0, self.spec.kv_cache_tokens - self._reserved_kv()),
+                overcommit=self.spec.kv_overcommit, worker_id=self.worker_id,
+                # This worker's own sequences per tenant: the dispatcher caps a tenant at its
+                # weighted share of our slots while others are active (ADR 0006). Ours, so no
+                # shared counter can be left wrong by an exit path.
+                running=self._per_tenant, engine=self._engine_shares(),
+                claim=PAYLOAD_FIELDS,  # dispatch.lua claims what it pops (K1, K2)
+            )
         except Exception:
-            log.exception("waiting for work failed")
-            await asyncio.sleep(WAKE_TIMEOUT_S)
+            # The script may have run with its reply lost: what it claimed is in our in-flight
+            # set with nobody running it, which _reconcile settles.
+            log.exception("dispatch failed")
+            return None
+        for item in items:
+            if item.claimed:  # else it was settled while queued: nothing to run (K1)
+                self._start(item.request_id, item.kv_tokens, item.tenant_id, item.tag, item)
+        return items
+
+    async def _wait_for_work(self) -> None:
+        """Until a wake (local, or the pool's list through _pool_wakes) or the timeout."""
+        assert self._work is not None and self._idle is not None
+        self._idle.set()
+        try:
+            await asyncio.wait_for(self._work.wait(), WAKE_TIMEOUT_S)
+        except TimeoutError:
+            pass
+        finally:
+            self._idle.clear()
+
+    async def _pool_wakes(self) -> None:
+        """While the dispatch loop is idle, wait in BLPOP on the pool's wake list (pushed by
+        every admission, enter.lua) and turn a wake into the local signal. A wake that lands
+        after this worker filled its slots is pushed back for another worker."""
+        assert self._work is not None and self._idle is not None
+        wake = wake_key(self.spec.name)
+        while not _cancelling():
+            await self._idle.wait()
+            try:
+                got = await self._redis.blpop([wake], timeout=WAKE_TIMEOUT_S)
+                if got and len(self.running) >= self.spec.max_sequences:
+                    await self._redis.lpush(wake, got[1])
+                elif got:
+                    self._work.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("waiting for work failed")
+                await asyncio.sleep(WAKE_TIMEOUT_S)
 
     def _engine_shares(self) -> EngineShares:
         # Our engine's state for rule E (docs/adr/0017): each tenant's weighted share of the
@@ -298,8 +349,14 @@ class EngineHost:
         return EngineShares(prefill_capacity=max(1.0, prefill), kv_capacity=kv,
                             prefill=self._prefill_by_tenant, kv=self._kv_by_tenant)
 
-    def _start(self, rid: str, kv_tokens: int, tenant: str = "", tag: float = 0.0) -> None:
-        self.running[rid] = _Running(rid, kv_tokens, tenant=tenant, tag=tag)
+    def _start(self, rid: str, kv_tokens: int, tenant: str = "", tag: float = 0.0,
+               claim: DispatchedItem | None = None) -> None:
+        if rid in self.running:
+            # Handed out again: a failover lost the first claim's write (the old primary took
+            # it before the sentinels demoted it). It runs once; its settle ends both.
+            log.warning("request %s was dispatched again while it runs here; not restarted", rid)
+            return
+        self.running[rid] = _Running(rid, kv_tokens, tenant=tenant, tag=tag, claim=claim)
         if tracing.enabled():
             self.running[rid].popped_ns = time.time_ns()
         self._kv_reserved += kv_tokens
@@ -324,14 +381,10 @@ class EngineHost:
                     del self._kv_by_tenant[entry.tenant]
         assert self._slot_freed is not None
         self._slot_freed.set()
-        task = asyncio.create_task(self._wake_self("slot"))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._wake_self()
 
     def _wake_soon(self) -> None:
-        task = asyncio.create_task(self._wake_self("prefilled"))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._wake_self()
 
     def _set_pending(self, entry: _Running, tokens: int) -> None:
         """Its prompt tokens waiting for prefill, kept in the per-tenant sum (rule E)."""
@@ -342,32 +395,28 @@ class EngineHost:
         if not self._prefill_by_tenant[entry.tenant]:
             del self._prefill_by_tenant[entry.tenant]
 
-    async def _wake_self(self, why: str) -> None:
-        """Return the dispatch loop from BLPOP now; capped so unread wakes never pile up."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.lpush(self._self_wake(), why)
-        pipe.ltrim(self._self_wake(), 0, 1)
-        await pipe.execute()
+    def _wake_self(self) -> None:
+        """Let the dispatch loop look at the queue now (a slot freed, a prefill ended, the
+        drain): an in-process signal, no Redis round trip."""
+        if self._work is not None:
+            self._work.set()
 
     # -- one request --------------------------------------------------------------------------
 
     async def _serve(self, rid: str) -> None:
         entry = self.running[rid]
         try:
-            claim = await admission.claim_async(self.spec.name, rid, self.worker_id,
-                                                client=self._redis)
-            if claim is None:  # settled while it was being dispatched (cancel, deadline)
-                await self._redis.srem(self.inflight, rid)
-                return
+            claim, entry.claim = entry.claim, None  # the payload is the engine's now
+            payload = dict(claim.payload or {}) if claim is not None else {}
             if entry.popped_ns:
-                self._trace_dispatch(entry, claim.payload.get("trace"))
-            entry.cancel_reason = entry.cancel_reason or claim.cancel_reason
+                self._trace_dispatch(entry, payload.get("trace"))
+            entry.cancel_reason = entry.cancel_reason or (claim.cancel_reason if claim else "")
             if entry.cancel_reason:
                 event = transport.finish_event(FinishReason.ABORT, usage_of(0, 0, 0))
                 await self._settle(rid, Status.CANCELLED, FinishReason.ABORT, 0, 0, 0,
                                    error_code=entry.cancel_reason, event=event)
                 return
-            request = self._engine_request(rid, claim.payload, entry.tag)
+            request = self._engine_request(rid, payload, entry.tag)
             if entry.pending:  # the prompt's real length, now that it is known
                 self._set_pending(entry, len(request.prompt_token_ids))
             await self._generate(entry, request)
@@ -647,7 +696,9 @@ class EngineHost:
             try:
                 reply = await self._settle_once(rid, keys, args)
                 break
-            except (redis.ConnectionError, redis.TimeoutError):
+            except redis.RedisError as exc:
+                if not is_outage(exc):
+                    raise
                 # Safe to repeat: settle applies once per request state, so a retry of a settle
                 # whose reply was lost is refused (nothing is charged or recorded twice; that
                 # request's WFQ correction is then skipped: a skew of one request).
@@ -658,7 +709,7 @@ class EngineHost:
                 delay = min(delay * 2, 1.0)
         done = settlement.parse_settle(rid, reply)
         if done is not None:
-            await settlement.finish_async(done, self._redis)
+            await settlement.release_async(done, self._redis)
         if traced is not None:
             tracing.record(traced, "settlement", began, time.time_ns(), pool=self.spec.name,
                            status=status, error_code=error_code, settled=done is not None)
@@ -756,8 +807,38 @@ class EngineHost:
             await asyncio.sleep(self.heartbeat_s)
             try:
                 await self._beat()
+                if time.monotonic() - self._reconciled_at >= RECONCILE_S:
+                    await self._reconcile()
             except Exception:
                 log.exception("heartbeat failed")
+
+    async def _reconcile(self) -> None:
+        """Settle what Redis says this worker runs and it does not (I4 after lost writes).
+
+        A dispatch whose reply was lost (the connection dropped after the script ran) leaves
+        what it claimed in our in-flight set with nobody running it. A failover that loses
+        writes (a forced failover: the old primary takes writes until the sentinels demote it,
+        then drops them) brings back as running requests we settled. Neither has another owner:
+        the janitor reaps only dead workers' sets. Under the dispatch lock no claim is on its
+        way from Redis into self.running, so a member we do not run is a stray: it ends as
+        worker_lost (retryable), billed for what its stream delivered.
+        """
+        assert self._dispatching is not None
+        self._reconciled_at = time.monotonic()
+        keys = [self.inflight, *(inflight_key(self.spec.name, w) for w in self._past_ids)]
+        async with self._dispatching:
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.smembers(key)
+            found = await pipe.execute()
+            strays = [(key, text(m)) for key, members in zip(keys, found, strict=True)
+                      for m in members if text(m) not in self.running]
+        for key, rid in strays:
+            if await janitor.fail_lost_request_async(self._redis, self.spec.name, rid, key):
+                log.warning("settled %s: in this worker's in-flight set, not running here", rid)
+            await self._redis.srem(key, rid)  # settled now or before: not in flight here
+        self._past_ids = [w for w, members in zip(self._past_ids, found[1:], strict=True)
+                          if members]
 
     async def _beat(self) -> None:
         load = self.engine.load()
@@ -793,6 +874,7 @@ class EngineHost:
         new id: a reaped id never returns (heartbeat.lua), so nothing is settled twice.
         """
         old = self.worker_id
+        self._past_ids.append(old)
         self.worker_id = new_worker_id(self.spec.name)
         log.error("worker %s was declared dead; aborting its requests, rejoining as %s",
                   old, self.worker_id)

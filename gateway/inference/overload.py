@@ -20,8 +20,9 @@ from __future__ import annotations
 from django.conf import settings
 
 from gateway.inference.errors import unavailable
+from infra.keyspace import wfq_key
 from infra.pool_workers import queue_live_count
-from infra.redis_conn import get_async_redis, pool_key
+from infra.redis_conn import get_async_redis
 
 SHED_RETRY_AFTER_S = 5
 
@@ -29,10 +30,10 @@ SHED_RETRY_AFTER_S = 5
 async def reading(pool: str, tenant_id: object) -> tuple[int, int, float]:
     """(queued requests, live workers, the tenant's virtual backlog)."""
     pipe = get_async_redis().pipeline(transaction=False)
-    pipe.hlen(pool_key("wfq", pool, "items"))
+    pipe.hlen(wfq_key(pool, "items"))
     queue_live_count(pipe, pool)
-    pipe.hget(pool_key("wfq", pool, "state"), "vtime")
-    pipe.hget(pool_key("wfq", pool, "last"), str(tenant_id))
+    pipe.hget(wfq_key(pool, "state"), "vtime")
+    pipe.hget(wfq_key(pool, "last"), str(tenant_id))
     queued, workers, vtime, last = await pipe.execute()
     backlog = max(0.0, float(last or 0) - float(vtime or 0))
     return int(queued), int(workers), backlog

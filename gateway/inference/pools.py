@@ -21,8 +21,9 @@ from django.db.models import QuerySet
 from catalog.models import Pool, ServedModel
 from gateway.inference.errors import ApiError, model_not_found, unavailable
 from gateway.orm import in_thread
+from infra.keyspace import wfq_key
 from infra.pool_workers import queue_live_workers, queue_load
-from infra.redis_conn import get_async_redis, pool_key
+from infra.redis_conn import get_async_redis
 from serving import availability
 from serving.adapters import AdapterCatalog, AdapterConfigError, AdapterNotFound
 from serving.availability import live_pools
@@ -200,7 +201,7 @@ async def pool_loads(pools: list[PoolInfo]) -> list[PoolLoad]:
     pipe = client.pipeline(transaction=False)
     for p in pools:
         queue_live_workers(pipe, p.name)
-        pipe.hlen(pool_key("wfq", p.name, "items"))
+        pipe.hlen(wfq_key(p.name, "items"))
     first = await pipe.execute()
     workers = [first[2 * i] for i in range(len(pools))]
     pipe = client.pipeline(transaction=False)

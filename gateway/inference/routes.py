@@ -43,8 +43,9 @@ from catalog.models import Route
 from gateway.inference.errors import ApiError, model_not_found, unavailable
 from gateway.inference.pools import PoolInfo, candidate_pools, catalog, not_served
 from gateway.orm import in_thread
+from infra.keyspace import wfq_key, wfq_queue_key
 from infra.pool_workers import queue_live_workers, queue_load
-from infra.redis_conn import get_async_redis, pool_key
+from infra.redis_conn import get_async_redis
 from serving import health
 from tenants.auth import Principal
 from tenants.models import TenantFallback
@@ -166,9 +167,9 @@ def _queue_reads(pipe: Any, targets: Sequence[Target], tenant_id: int) -> None:
     for t in targets:
         name = t.pool.name
         queue_live_workers(pipe, name)
-        pipe.hlen(pool_key("wfq", name, "items"))
-        pipe.zcard(pool_key("wfq", name, "q", str(tenant_id)))
-        pipe.zcard(pool_key("wfq", name, "active"))
+        pipe.hlen(wfq_key(name, "items"))
+        pipe.zcard(wfq_queue_key(name, tenant_id))
+        pipe.zcard(wfq_key(name, "active"))
 
 
 async def _waits(targets: Sequence[Target], first: Sequence[Any]) -> list[float]:

@@ -1,6 +1,6 @@
 -- admit.lua: charge every limit of one request in one step, or charge nothing.
 -- Every key is on the tenant's slot (hash tag {t.TENANT}, key buckets and counters included).
--- The request's own state is written next, on its pool's slot, by open.lua (ADR 0018).
+-- The request's own state is written next, on its pool's slot, by enter.lua (ADR 0018, 0028).
 --
 -- KEYS[1]  charges (zset rid -> release-by time: one release token per charged request)
 -- KEYS[2]  charges:what (hash rid -> the counter keys to release, space-separated)
@@ -22,10 +22,10 @@
 --       nothing (the prune of A5 may still release expired tokens).
 --   A3  a counter never exceeds its limit: check and increment happen in this one script.
 --   A4  a request id is charged once while its token lives: an existing token is refused
---       ("duplicate"); open.lua refuses an id whose req hash exists.
+--       ("duplicate"); enter.lua refuses an id whose req hash exists.
 --   A5  the counters a request took are given back exactly once: by release.lua, which runs
 --       only if it removes the token, or, when no release came by the token's expiry (a
---       process died between admit and open, or between settle and release), by the prune
+--       process died between admit and enter, or between settle and release), by the prune
 --       below, which also removes the token first. Buckets are not refunded by the prune:
 --       they refill by themselves, so a lost refund costs the tenant at most one charge's
 --       worth of rate for a minute.
@@ -43,12 +43,11 @@
 --       cell_share.lua): it replaces the caller's rate and burst, so every gateway of the cell
 --       enforces the share the rebalancer last set, atomically with the charge (docs/adr/0019).
 
+--! include clock
+--! include bucket
+
 local PRUNE = 16
-local now = tonumber(ARGV[2])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+local now = clock(ARGV[2])
 -- A5: release the counters of requests whose release never came (at most PRUNE per call).
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, PRUNE)
 for _, rid in ipairs(expired) do
@@ -69,22 +68,14 @@ local amounts = {prompt, max_out, prompt, max_out}
 local scopes = {'tenant', 'tenant', 'key', 'key'}
 local kinds = {'input_tokens', 'output_tokens', 'input_tokens', 'output_tokens'}
 
--- Current level of each limited bucket, refilled continuously up to its burst (A1).
+-- Current level of each limited bucket, refilled continuously up to its burst (A1), at its
+-- cell's share if it has one (C1): bucket_read in prelude/bucket.lua.
 local levels, rates, bursts = {}, {}, {}
 for i = 1, 4 do
   rates[i] = tonumber(ARGV[5 + 2 * i])
   bursts[i] = tonumber(ARGV[6 + 2 * i])
   if rates[i] > 0 then
-    local v = redis.call('HMGET', KEYS[2 + i], 'level', 'ts', 'share_rate', 'share_burst')
-    local level, ts = tonumber(v[1]), tonumber(v[2])
-    if v[3] then rates[i], bursts[i] = tonumber(v[3]), tonumber(v[4]) end  -- a cell's share (C1)
-    if not level then
-      level = bursts[i]
-    else
-      local elapsed = math.max(0, now - ts)  -- a clock that steps back refills nothing
-      level = math.min(bursts[i], level + elapsed * rates[i] / 60)
-    end
-    levels[i] = level
+    levels[i], rates[i], bursts[i] = bucket_read(KEYS[2 + i], rates[i], bursts[i], now)
   end
 end
 
@@ -169,10 +160,7 @@ if worst then return reject(kinds[worst], scopes[worst], worst_wait, worst) end
 -- Every check passed: charge everything (A2).
 local headers = header_values(1, nil)
 for i = 1, 4 do
-  if rates[i] > 0 then
-    redis.call('HSET', KEYS[2 + i], 'level', string.format('%.6f', levels[i] - amounts[i]),
-               'ts', string.format('%.6f', now))
-  end
+  if rates[i] > 0 then bucket_write(KEYS[2 + i], levels[i] - amounts[i], now) end
 end
 for b = 1, n_budgets do
   redis.call('INCRBY', KEYS[10 + b], tonumber(ARGV[18 + 3 * b]))

@@ -3,7 +3,7 @@
 -- KEYS[1] req:{rid}   ARGV[1] reason
 -- Returns {0, state} when there is nothing to cancel (unknown or settled), otherwise
 -- {1, state, pool, tenant}. The flag is written before the caller removes the request from its
--- queue or publishes on cancel:{pool}; claim.lua reads it, so a worker that takes the request
+-- queue or publishes on cancel:{pool}; dispatch.lua's claim reads it, so a worker that takes the request
 -- between those steps still sees the cancel (no lost cancel in either order).
 
 local st = redis.call('HGET', KEYS[1], 'state')

@@ -22,26 +22,21 @@
 --   C4  the share only ever lies in [floor, quota]: targets are at least the floor, so a cell
 --       that loses its Redis state (back to the floor) can only hold less than was assigned.
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+--! include clock
+--! include bucket
+
+local now = clock(ARGV[1])
 local fmt = function(x) return string.format('%.6f', x) end
 local before, after = {}, {}
 for b = 1, 2 do
-  local v = redis.call('HMGET', KEYS[b], 'level', 'ts', 'share_rate', 'share_burst')
-  local rate = tonumber(v[3]) or tonumber(ARGV[1 + 2 * b])
-  local burst = tonumber(v[4]) or tonumber(ARGV[2 + 2 * b])
+  -- the share in force (or the floor), and the level refilled up to now at it (as admit.lua)
+  local level, rate, burst = bucket_read(KEYS[b], tonumber(ARGV[1 + 2 * b]),
+                                         tonumber(ARGV[2 + 2 * b]), now)
   before[2 * b - 1], before[2 * b] = rate, burst
   after[2 * b - 1], after[2 * b] = rate, burst
   if ARGV[2] == 'set' then
     local new_rate = math.min(tonumber(ARGV[5 + 2 * b]), rate + tonumber(ARGV[9 + 2 * b]))
     local new_burst = math.min(tonumber(ARGV[6 + 2 * b]), burst + tonumber(ARGV[10 + 2 * b]))
-    local level = burst  -- a bucket never charged is full (as admit.lua reads it)
-    if v[1] then
-      level = math.min(burst, tonumber(v[1]) + math.max(0, now - tonumber(v[2])) * rate / 60)
-    end
     level = math.max(0, math.min(level, new_burst))  -- C3
     redis.call('HSET', KEYS[b], 'level', fmt(level), 'ts', fmt(now),
                'share_rate', fmt(new_rate), 'share_burst', fmt(new_burst))

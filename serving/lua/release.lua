@@ -19,24 +19,18 @@
 --       zero, and is not recreated once its period's counter expired (nothing left to refund).
 --   C1  a split tenant's bucket is refilled and refunded at its cell's share (share_rate,
 --       share_burst, written by cell_share.lua), as admit.lua charges it (docs/adr/0019).
+--! include clock
+--! include bucket
+
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-local now = tonumber(ARGV[2])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+local now = clock(ARGV[2])
 for i = 1, 4 do
   local delta = tonumber(ARGV[2 + i])
   local rate, burst = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
   if rate > 0 and delta ~= 0 then
-    local k = KEYS[2 + i]
-    local v = redis.call('HMGET', k, 'level', 'ts', 'share_rate', 'share_burst')
-    if v[3] then rate, burst = tonumber(v[3]), tonumber(v[4]) end  -- the cell's share now (C1)
-    local level, ts = tonumber(v[1]) or burst, tonumber(v[2]) or now
-    level = math.min(burst, level + math.max(0, now - ts) * rate / 60)
-    level = math.max(0, math.min(burst, level + delta))
-    redis.call('HSET', k, 'level', string.format('%.6f', level), 'ts',
-               string.format('%.6f', math.max(now, ts)))
+    -- refilled up to now at the cell's share in force (C1), then the delta, capped (R2)
+    local level, _, cap, ts = bucket_read(KEYS[2 + i], rate, burst, now)
+    bucket_write(KEYS[2 + i], math.max(0, math.min(cap, level + delta)), math.max(now, ts))
   end
 end
 for b = 1, tonumber(ARGV[15] or '0') or 0 do

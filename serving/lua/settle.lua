@@ -1,15 +1,18 @@
--- settle.lua: end a request exactly once: record usage, post the last event, and say what
--- release.lua must give back on the tenant's slot.
--- Every key is on the request's pool's slot (ADR 0018).
+-- settle.lua: end a request exactly once: record usage, post the last event, correct its
+-- tenant's WFQ tags, and say what release.lua must give back on the tenant's slot.
+-- Every key is on the request's pool's slot (ADR 0018), so this is all of settlement that one
+-- script can do: the tenant's refund is release.lua, on the other slot (ADR 0028).
 --
--- KEYS[1] req:{p.POOL}:rid  KEYS[2] deadlines:{p.POOL}  KEYS[3] usage:{p.POOL}:pending
--- KEYS[4] stream:{p.POOL}:rid
+-- KEYS[1..8] the pool's eight WFQ keys (wfq/common.lua)  KEYS[9] req:{p.POOL}:rid
+-- KEYS[10] deadlines:{p.POOL}  KEYS[11] usage:{p.POOL}:pending  KEYS[12] stream:{p.POOL}:rid
 -- ARGV[1] rid  ARGV[2] now in seconds ('' = Redis TIME)  ARGV[3] status  ARGV[4] finish reason
 -- ARGV[5] prompt tokens (-1 = the amount charged at admission)  ARGV[6] cached prompt tokens
 -- ARGV[7] output tokens (-1 = the count delivered to the stream so far)  ARGV[8] error code
 -- ARGV[9] stream MAXLEN  ARGV[10] stream TTL after the end  ARGV[11] req:{rid} TTL after the end
 -- ARGV[12] an in-flight set to leave ('' = the one recorded at claim)
--- ARGV[13..] field, value pairs of a final stream event ('' first field = none)
+-- ARGV[13] '1' = correct the tenant's WFQ tags  ARGV[14..16] WFQ prices: input, output, KV
+-- ARGV[17] the pool's WFQ queue key prefix (+ tenant = its queue)
+-- ARGV[18..] field, value pairs of a final stream event ('' first field = none)
 --
 -- Invariants:
 --   S1  once: the first call flips state to 'settled'; every later call returns {0, state} and
@@ -21,19 +24,19 @@
 --       bucket deltas and keys for release.lua (invariants R1, R2 there; A5 in admit.lua
 --       covers a winner that dies before releasing).
 --   S4  the request leaves the deadlines zset and its worker's in-flight set in this step.
+--   S5  a dispatched request's WFQ correction ((actual - estimated cost) / weight, as
+--       wfq/complete.lua moves a tenant) happens in this step, so exactly once with S1; one
+--       removed from its queue before dispatch gets none (remove.lua gave its whole cost back).
+--! include wfq/common
 
-local st = redis.call('HGET', KEYS[1], 'state')
+local st = redis.call('HGET', KEYS[9], 'state')
 if not st then return {0, 'unknown'} end
 if st == 'settled' then return {0, st} end
 
-local now = tonumber(ARGV[2])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+local now = clock(ARGV[2])
 local now_ms = math.floor(now * 1000)
 local h = {}
-local flat = redis.call('HGETALL', KEYS[1])
+local flat = redis.call('HGETALL', KEYS[9])
 for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
 
 local charged_in, charged_out = tonumber(h.p), tonumber(h.o)
@@ -43,7 +46,7 @@ local output = tonumber(ARGV[7])
 if output < 0 then output = tonumber(h.delivered or '0') end
 local cached = math.min(tonumber(ARGV[6]), prompt)
 
-redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[10], ARGV[1])
 if h.inflight then redis.call('SREM', h.inflight, ARGV[1]) end
 if ARGV[12] ~= '' then redis.call('SREM', ARGV[12], ARGV[1]) end
 
@@ -75,25 +78,38 @@ local record = {
   project_id = tonumber(h.project or '') or cjson.null,
 }
 local encoded = cjson.encode(record)
-redis.call('RPUSH', KEYS[3], encoded)
+redis.call('RPUSH', KEYS[11], encoded)
 
 -- The transit payload (prompt ids, sampling) never outlives the request.
-redis.call('HDEL', KEYS[1], 'prompt_ids', 'sampling', 'salt', 'priority')
-redis.call('HSET', KEYS[1], 'state', 'settled', 'status', ARGV[3], 'settled_at', tostring(now_ms),
+redis.call('HDEL', KEYS[9], 'prompt_ids', 'sampling', 'salt', 'priority')
+redis.call('HSET', KEYS[9], 'state', 'settled', 'status', ARGV[3], 'settled_at', tostring(now_ms),
            'out_final', tostring(output), 'in_final', tostring(prompt))
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[11]))
+redis.call('EXPIRE', KEYS[9], tonumber(ARGV[11]))
 
-if ARGV[13] and ARGV[13] ~= '' then
+if ARGV[18] and ARGV[18] ~= '' then
   local ev = {}
-  for i = 13, #ARGV do ev[#ev + 1] = ARGV[i] end
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', unpack(ev))
+  for i = 18, #ARGV do ev[#ev + 1] = ARGV[i] end
+  redis.call('XADD', KEYS[12], 'MAXLEN', '~', ARGV[9], '*', unpack(ev))
 end
-if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('EXPIRE', KEYS[4], tonumber(ARGV[10])) end
+if redis.call('EXISTS', KEYS[12]) == 1 then redis.call('EXPIRE', KEYS[12], tonumber(ARGV[10])) end
+-- S5: the WFQ correction, at the dispatcher's prices (serving.wfq.Prices.cost).
+local was_dispatched = (h.dispatched_at or ARGV[12] ~= '') and true or false
+if was_dispatched and ARGV[13] == '1' and h.tenant then
+  local p_in, p_out, p_kv = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+  local function cost(p, o) return p_in * p + p_out * o + p_kv * o * (p + o / 2) end
+  local delta = (cost(prompt, output) - cost(charged_in, charged_out)) / tonumber(h.weight or '1')
+  local q = ARGV[17] .. h.tenant
+  if redis.call('EXISTS', q) == 1 then
+    shift_queue(q, h.tenant, delta, pool_policy())
+  else
+    move_last(h.tenant, delta)
+  end
+end
 -- What release.lua needs: the engine's counts win, so refund what was charged but not used and
 -- charge what was used beyond (tenant input, tenant output, key input, key output).
 local out = {1, encoded, h.pool or '', h.tenant or '', h.weight or '1', tostring(charged_in),
              tostring(charged_out), tostring(prompt), tostring(output),
-             (h.dispatched_at or ARGV[12] ~= '') and '1' or '0', h.tk or '', h.tw or ''}
+             was_dispatched and '1' or '0', h.tk or '', h.tw or ''}
 local deltas = {charged_in - prompt, charged_out - output, charged_in - prompt, charged_out - output}
 for i = 1, 4 do
   out[#out + 1] = h['b' .. i] or ''

@@ -1,4 +1,5 @@
--- Shared prelude, prepended to every WFQ script at load time (serving/wfq.py).
+-- Shared prelude, prepended to every WFQ script at load time (serving/wfq.py), and included by
+-- settle.lua, which corrects the tenant's tags in the same step that settles.
 --
 -- Keys of one pool P (all under settings.REDIS_KEY_PREFIX); every script gets the first eight
 -- as KEYS[1..8], in this order:
@@ -62,14 +63,8 @@ local function pack(finish, start, item)
                        fmt(item.weight), fmt(item.kv), item.seq, item.tenant, item.rid}, '|')
 end
 
--- Wall time in seconds: the caller's clock when it passes one (benchmarks on a virtual clock),
--- else the Redis server's, so every gateway and worker reads the same clock. TIME in a script
--- that writes needs effects replication, the default since Redis 5.
-local function clock(arg)
-  if arg and arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+-- Wall time in seconds: clock(arg), the caller's or the Redis server's.
+--! include clock
 
 local function get_vtime()
   return tonumber(redis.call('HGET', state, 'vtime') or '0')
@@ -179,4 +174,55 @@ local function shift_queue(q, tenant, delta, policy)
     end
   end
   return cur + delta
+end
+
+-- The body of enqueue.lua, shared with admission's pool-slot step (enter.lua): append a request
+-- to its tenant's queue with a virtual finish tag. Returns the finish tag and the pool's arrival
+-- number (1: the pool's first request since its state was created), or nil and an error reply
+-- (WFQDUP: the id is already queued; WFQPOLICY) before anything but the policy is written.
+-- Tag rule (Demers, Keshav, Shenker): finish = max(tenant's last tag, vtime) + cost / weight.
+-- It also records when the tenant last enqueued and its weight (seen, weights, active: H6,
+-- H7), which dispatch's slot fairness reads to know who is active.
+-- Cost: O(log tenants + log queue length).
+local function enqueue_request(q, policy, tenant, rid, cost, weight, kv, now)
+  local err = claim_policy(policy)
+  if err then return nil, err end
+  if redis.call('HEXISTS', items, rid) == 1 then
+    return nil, redis.error_reply('WFQDUP request ' .. rid .. ' is already queued')
+  end
+  local vtime = get_vtime()
+  local start = math.max(tonumber(redis.call('HGET', last, tenant) or '0'), vtime)
+  local finish = start + cost / weight
+  local off = get_shift(tenant)  -- 0 unless the tenant is backlogged (H5)
+  local seq = redis.call('HINCRBY', state, 'seq', 1)
+  local item = {arrival = vtime, cost = cost, weight = weight, kv = kv, seq = seq,
+                tenant = tenant, rid = rid}
+  local entry = pack(finish - off, start - off, item)
+
+  redis.call('HSET', last, tenant, fmt(finish))
+  redis.call('ZADD', q, seq, entry)
+  redis.call('HSET', items, rid, entry)
+  redis.call('ZADD', seen, fmt(now), tenant)  -- H6: one member per tenant, latest time
+  redis.call('HSET', weights, tenant, fmt(weight))
+  activate(tenant, weight)  -- H7
+  if redis.call('ZCARD', q) == 1 then  -- the tenant just became backlogged (H1)
+    redis.call('ZADD', heads, head_score(parse(entry), off, policy), tenant)
+  end
+  return finish, seq
+end
+
+-- enqueue.lua's and enter.lua's arguments, from ARGV[at]: policy, tenant, request_id, cost,
+-- weight, kv_tokens, now ('' = server_now if given, else TIME). Returns them parsed, or nil and
+-- an error reply.
+local function enqueue_args(at, server_now)
+  local cost, weight = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
+  local kv = tonumber(ARGV[at + 5])
+  if not (cost and weight and kv) or cost < 0 or weight <= 0 or kv < 0 then
+    return nil, redis.error_reply('WFQARG cost, weight and kv_tokens must be numbers, weight > 0')
+  end
+  local now = server_now  -- one TIME per script
+  if ARGV[at + 6] ~= '' or not now then now = clock(ARGV[at + 6]) end  -- before any write
+  if not now then return nil, redis.error_reply('WFQARG now must be a number') end
+  return {policy = ARGV[at], tenant = ARGV[at + 1], rid = ARGV[at + 2], cost = cost,
+          weight = weight, kv = kv, now = now}
 end

@@ -8,8 +8,20 @@
 --       then, optionally (rule E below; '' or absent = off): the engine's prefill capacity and
 --       KV capacity in tokens, and per running tenant (same order as the ids) its prompt
 --       tokens not yet prefilled and its KV tokens held here, each list space-separated
+--       then, optionally (claiming; '' or absent = off; ARGV[14..17] are then '' when rule E is
+--       off): ARGV[18] the request hash's key prefix (+ id = req:{p.POOL}:id), ARGV[19] the
+--       worker id, ARGV[20..] the transit payload fields to hand over and delete
 -- Returns {vtime, entry...} with effective tags; no entries when the pool is empty or the
--- next request does not fit.
+-- next request does not fit. Claiming, each entry is followed by its claim: {1, cancel reason
+-- or '', payload values...}, or {0, state} when the request can no longer run.
+--
+-- Claim (what claim.lua did, now in the step that pops; ADR 0028):
+-- K1 only a 'queued' request is claimed, and claiming flips it to 'running' (worker, in-flight
+--    set, dispatched_at), so a settled (cancelled, expired) request is never started and no
+--    request is started twice. One that is not 'queued' leaves its queue (it was settled while
+--    queued) but does not enter the in-flight set (H3 holds: it is in neither).
+-- K2 the payload (prompt ids, sampling, salt) is content in transit: it is deleted in the step
+--    that hands it to the worker.
 --
 -- Head-of-line by tag: when the smallest-tag head does not fit the budget, stop rather than
 -- skip to a smaller request, or large requests would starve behind a stream of small ones.
@@ -305,7 +317,29 @@ local function pick()
   return nil
 end
 
-while #out <= n do
+local claiming = (ARGV[18] or '') ~= ''
+local claim_ms, payload = nil, {}
+if claiming then
+  for i = 20, #ARGV do payload[#payload + 1] = ARGV[i] end
+end
+
+-- K1, K2: hand one popped request to the worker; nil when it can no longer run.
+local function claim(rid)
+  local rk = ARGV[18] .. rid
+  local st = redis.call('HGET', rk, 'state')
+  if st ~= 'queued' then return {0, st or 'unknown'} end
+  claim_ms = claim_ms or tostring(math.floor(clock('') * 1000))
+  redis.call('HSET', rk, 'state', 'running', 'worker', ARGV[19], 'inflight', inflight,
+             'dispatched_at', claim_ms)
+  local values = redis.call('HMGET', rk, unpack(payload))
+  redis.call('HDEL', rk, unpack(payload))
+  local got = {1, redis.call('HGET', rk, 'cancel') or ''}
+  for i = 1, #payload do got[#got + 1] = values[i] or '' end
+  return got
+end
+
+local n_out = 0
+while n_out < n do
   local tenant, entry, item = pick()
   if not tenant then break end
   if fair then
@@ -324,11 +358,14 @@ while #out <= n do
   redis.call('ZREM', q, entry)
   redis.call('HDEL', items, item.rid)
   if repair_head(q, tenant, policy) then gone[tenant], backlogged = true, false end  -- S4
-  redis.call('SADD', inflight, item.rid)
+  local claimed = claiming and claim(item.rid) or nil
+  if not claimed or claimed[1] == 1 then redis.call('SADD', inflight, item.rid) end  -- H3, K1
   budget = budget - item.kv
   local start = item.start + off
   if start > vtime then vtime = start end
   out[#out + 1] = pack(item.finish + off, start, item)
+  if claiming then out[#out + 1] = claimed end
+  n_out = n_out + 1
 end
 
 if vtime > vtime0 then redis.call('HSET', state, 'vtime', fmt(vtime)) end  -- H4
