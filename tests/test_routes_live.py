@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from django.conf import settings
 
 from catalog.models import Pool, Route, RouteTarget
 from gateway.inference import cache
@@ -213,10 +214,20 @@ def test_a_prompt_cache_key_keeps_landing_on_one_pool_and_keys_spread_over_both(
     assert {pool_for(keys[0]) for _ in range(3)} == {first[keys[0]]}
 
 
+def idle_tenants_gone(r: Any, pool: str) -> bool:
+    """No tenant enqueued on ``pool`` within the fairness window: a lone tenant then may take
+    every slot (dispatch.lua S3), not its share beside earlier tests' tenants (S2)."""
+    secs, micros = r.time()
+    last = r.zrange(rkeys.pool_key("wfq", pool, "seen"), -1, -1, withscores=True)
+    return not last or last[0][1] < secs + micros / 1e6 - settings.WFQ_ACTIVE_WINDOW_SECONDS
+
+
 def test_a_killed_pool_worker_is_routed_around_before_the_first_token(system, plain):
     url, worker = system["url"], system["workers"][A]
     r = get_redis()
     killed: list[float] = []
+    procs.wait_until(lambda: idle_tenants_gone(r, A) and idle_tenants_gone(r, B),
+                     2 * settings.WFQ_ACTIVE_WINDOW_SECONDS + 5, "earlier tenants to go idle")
 
     def kill(_tasks: Any) -> None:
         # Both pools busy (4 slots each) and more queued behind them.
