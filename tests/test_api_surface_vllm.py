@@ -33,9 +33,9 @@ def generate(vllm_engine: Any, rid: str, **sampling: Any) -> list[Any]:
     return vllm_engine.run(go)
 
 
-@pytest.mark.xfail(strict=False, reason="QUARANTINED (session 9 note): once, the random model's "
-                   "guided JSON held a raw control character; cause not found yet")
 def test_vllm_structured_outputs_hold_even_for_a_random_model(vllm_engine: Any) -> None:
+    # "name" is length-bounded: the rewrite of workers.engine.structured is what keeps raw
+    # control characters (which a random model samples) out of it; json.loads is strict.
     deltas = generate(vllm_engine, "api-js", max_tokens=400, temperature=1.0,
                       json_schema=json.dumps(SCHEMA))
     assert deltas[-1].finish_reason == "stop"

@@ -206,6 +206,9 @@ class FakeAsyncLLM:
     cached: int = 16
     delay: float = 0.0
     fail: BaseException | None = None
+    # What vLLM's generate() raises when its own abort fails as it is cancelled (it wraps
+    # any exception there in EngineGenerateError): instead of the CancelledError.
+    abort_raises: BaseException | None = None
     vocab: int = VOCAB
     calls: list[dict[str, Any]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
@@ -226,6 +229,8 @@ class FakeAsyncLLM:
                              finished=last, num_cached_tokens=self.cached)
         except (asyncio.CancelledError, GeneratorExit):
             self.aborted.append(request_id)
+            if self.abort_raises is not None:
+                raise self.abort_raises from None
             raise
 
     def get_tokenizer(self) -> list[int]:
@@ -292,6 +297,27 @@ def test_abort_cancels_the_consumer_so_vllm_aborts_and_load_returns_to_idle() ->
     assert got[-1].usage.output_tokens >= 3
     assert fake.aborted == ["r1"]
     assert load.running == 0
+
+
+def test_an_abort_that_vllm_answers_with_an_error_is_still_the_abort() -> None:
+    """A cancel (a client gone) is the abort however vLLM's generate() then ends: an error it
+    raises while aborting (EngineGenerateError, a failed abort) must not turn it into a failed
+    request (the worker would settle a hang-up as 'error')."""
+    fake = FakeAsyncLLM(tokens=1000, delay=0.002,
+                        abort_raises=RuntimeError("EngineGenerateError: abort failed"))
+
+    async def scenario(e: VLLMEngine) -> Any:
+        got = []
+        async for d in e.generate(req()):
+            got.append(d)
+            if len(got) == 3:
+                await e.abort("r1")
+        return got, e.load()
+
+    got, load = run(engine_with(fake), scenario)
+    assert got[-1].finish_reason == FinishReason.ABORT
+    assert got[-1].usage is not None and got[-1].usage.output_tokens >= 3
+    assert fake.aborted == ["r1"] and load.running == 0
 
 
 def test_closing_the_iterator_aborts_in_vllm() -> None:

@@ -147,16 +147,38 @@ def test_the_official_client_async_completions_streaming_and_not(live: dict[str,
     assert (record["prompt_tokens"], record["completion_tokens"]) == (n_prompt, 11)
 
 
-@pytest.mark.xfail(strict=False, reason="QUARANTINED (session 9 note): on merged main a "
-                   "hang-up mid-stream settled as 'error', not 'cancelled'; cause not found yet")
+def hang_up_mid_generation(url: str, plain: str, body: dict[str, Any],
+                           redis_client: Any, worker: Any) -> str:
+    """Stream ``body`` and hang up once the worker has written 5 tokens; returns the request id.
+
+    The tokens are counted in Redis, not in the client's chunks: a loaded machine relays the
+    first chunks late, and a hang-up timed by them can come after the whole generation."""
+    with httpx.Client(timeout=120) as http, http.stream(
+            "POST", url + "/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {plain}"}) as resp:
+        rid = str(resp.headers["x-request-id"])
+        procs.wait_until(lambda: faults.stream_tokens(redis_client, rid) >= 5, 60,
+                         "the first tokens", worker, interval=0.02)
+    return rid
+
+
 def test_a_client_gone_mid_stream_frees_the_sequence_in_vllm(live: dict[str, Any],
                                                              redis_client: Any) -> None:
     body = {"model": MODEL, "messages": HELLO, "max_tokens": LONG, "stream": True,
             "ignore_eos": True}
-    rid = faults.hang_up_after(live["url"], new_key(), body, 5, timeout=60)
-    record = rkeys.wait_usage_record(redis_client, rid, 30)
-    # vLLM stopped the sequence early: the abort reached it (it would have run to LONG).
-    assert record["status"] == "cancelled"
+    plain = new_key()
+    for _attempt in range(3):
+        rid = hang_up_mid_generation(live["url"], plain, body, redis_client, live["worker"])
+        record = rkeys.wait_usage_record(redis_client, rid, 30)
+        # The one outcome that is not the hang-up's: all LONG tokens made before the cancel
+        # reached the worker (a starved gateway). Anything else ended because of the hang-up.
+        if not (record["status"] == "ok" and record["completion_tokens"] == LONG):
+            break
+    # I4: the hang-up settles once, as cancelled, whatever ended the sequence in vLLM after it.
+    assert (record["status"], record["error_code"]) == ("cancelled", "client_disconnect"), \
+        f"a hang-up settled as {record['status']} ({record['error_code']}): {record}"
+    # I5: vLLM stopped the sequence early (the abort reached it; it would have run to LONG),
+    # and the tenant pays for the tokens generated.
     assert 5 <= record["completion_tokens"] < LONG
     # vLLM's own scheduler (through the worker's heartbeat): nothing running, no KV held.
     procs.wait_until(lambda: worker_load(redis_client).get("running") == "0"

@@ -621,12 +621,23 @@ class EngineHost:
                 await self._abort(rid)
                 await asyncio.wait(entry.choice_tasks, timeout=10)
                 usage = None
+            if entry.cancel_reason:
+                # The cancel was here first (a client gone, a deadline): the error came from
+                # ending the sequence, or after, and nobody reads the stream now (I4).
+                await self._settle_cancelled(
+                    entry, usage.prompt_tokens if usage else None,
+                    usage.cached_prompt_tokens if usage else 0,
+                    usage.output_tokens if usage else None)
+                return
             await self._settle(
                 rid, Status.ERROR, FinishReason.ERROR,
                 usage.prompt_tokens if usage else None, usage.cached_prompt_tokens if usage else 0,
                 usage.output_tokens if usage else None, error_code="engine_error",
                 event=transport.error_event("engine_error", str(exc), retryable=exc.retryable),
             )
+            return
+        if last is None and entry.cancel_reason:
+            await self._settle_cancelled(entry, None, 0, None)  # billed for what was delivered
             return
         if last is None:  # the engine ended the stream without a finish (it was stopped)
             await self._settle(rid, Status.ERROR, None, None, 0, None, error_code="engine_stopped",
@@ -655,6 +666,11 @@ class EngineHost:
         prompt, cached, out = (u.prompt_tokens, u.cached_prompt_tokens, u.output_tokens) if u \
             else (None, 0, None)
         event: Mapping[str, str | int]  # a finish event carries its usage, an error event not
+        if entry.cancel_reason and (entry.broken or last.finish_reason == FinishReason.ABORT):
+            # Cancelled (I4: the cancel's status, whatever else ended the sequence after it); a
+            # broken stream is billed for what reached it (the delivered count), as below.
+            await self._settle_cancelled(entry, prompt, cached, None if entry.broken else out)
+            return
         if entry.broken:  # billed for what reached its stream (the delivered count)
             status, code, out = Status.ERROR, "stream_broken", None
             event = transport.error_event("stream_broken", "Part of the response was lost; "
@@ -662,10 +678,6 @@ class EngineHost:
         elif last.finish_reason != FinishReason.ABORT:
             status, code, event = Status.OK, None, transport.finish_event(
                 last.finish_reason or "stop", usage_of(prompt or 0, out or 0, cached))
-        elif entry.cancel_reason:
-            status, code = Status.CANCELLED, entry.cancel_reason
-            event = transport.finish_event(FinishReason.ABORT,
-                                           usage_of(prompt or 0, out or 0, cached))
         elif entry.engine_failed:
             status, code = Status.ERROR, "engine_restart"
             event = transport.error_event("engine_restart", "The model server failed and is "
@@ -676,6 +688,15 @@ class EngineHost:
                                           retryable=True)
         await self._settle(entry.rid, status, last.finish_reason, prompt, cached, out,
                            error_code=code, event=event)
+
+    async def _settle_cancelled(self, entry: _Running, prompt: int | None, cached: int,
+                                output: int | None) -> None:
+        """A cancelled request (the worker saw its cancel): billed for the tokens generated,
+        ``output`` None meaning the count delivered to its stream (I5)."""
+        event = transport.finish_event(FinishReason.ABORT,
+                                       usage_of(prompt or 0, output or 0, cached))
+        await self._settle(entry.rid, Status.CANCELLED, FinishReason.ABORT, prompt, cached, output,
+                           error_code=entry.cancel_reason, event=event)
 
     async def _settle(self, rid: str, status: str, finish_reason: str | None,
                       prompt: int | None, cached: int, output: int | None, *,

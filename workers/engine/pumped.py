@@ -16,12 +16,20 @@ from workers.engine.base import EngineError, TokenDelta
 
 
 class PumpedStream:
-    __slots__ = ("done", "queue", "task")
+    __slots__ = ("aborting", "done", "queue", "task")
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[TokenDelta | EngineError] = asyncio.Queue()
         self.task: asyncio.Task[Any] | None = None
         self.done = False  # the pump ended by itself: nothing left to cancel
+        # The pump was cancelled (an abort, a consumer gone): whatever ends it from then on,
+        # an error raised by the engine's own abort included, is the abort (see the pumps).
+        self.aborting = False
+
+    def cancel(self) -> None:
+        self.aborting = True
+        if self.task is not None:
+            self.task.cancel()
 
 
 class PumpedStreams(dict[str, PumpedStream]):
@@ -45,8 +53,8 @@ class PumpedStreams(dict[str, PumpedStream]):
                     return
         finally:
             # Consumer closed or cancelled early: cancelling the pump is the abort.
-            if not stream.done and stream.task is not None:
-                stream.task.cancel()
+            if not stream.done:
+                stream.cancel()
             self.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
@@ -54,6 +62,6 @@ class PumpedStreams(dict[str, PumpedStream]):
         stream = self.get(request_id)
         if stream is None or stream.task is None or stream.done:
             return
-        stream.task.cancel()
+        stream.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait([stream.task])

@@ -61,6 +61,7 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
+from workers.engine.structured import for_vllm
 from workers.engine.upstream_http import UpstreamHTTP, headers_of
 
 log = logging.getLogger(__name__)
@@ -186,9 +187,10 @@ def build_body(
             body["min_tokens"] = sp.min_tokens
         if not sp.skip_special_tokens:
             body["skip_special_tokens"] = False
-        # Constrained decoding passes through as vLLM's structured outputs.
+        # Constrained decoding passes through as vLLM's structured outputs (length-bounded
+        # strings rewritten so the grammar admits valid JSON only: workers.engine.structured).
         if sp.json_schema is not None:
-            body["structured_outputs"] = {"json": json.loads(sp.json_schema)}
+            body["structured_outputs"] = {"json": for_vllm(json.loads(sp.json_schema))}
         elif sp.json_object:
             body["structured_outputs"] = {"json_object": True}
     if sp.logprobs is not None:
@@ -406,7 +408,10 @@ class UpstreamEngine(Engine):
         except asyncio.CancelledError:  # abort(): the request ends with what it streamed
             last = TokenDelta([], "", FinishReason.ABORT, tally.partial(self._tok))
         except Exception as exc:
-            raise self._error(exc, tally) from None
+            if not stream.aborting:
+                raise self._error(exc, tally) from None
+            # Closing the connection for the abort raised instead: still the abort.
+            last = TokenDelta([], "", FinishReason.ABORT, tally.partial(self._tok))
         finally:
             stream.done = True
         return last
@@ -420,7 +425,9 @@ class UpstreamEngine(Engine):
             put(TokenDelta([], "", FinishReason.ABORT, tally.partial(self._tok)))
             raise
         except Exception as exc:
-            put(self._error(exc, tally))
+            # Raised while the connection closed for an abort: still the abort.
+            put(TokenDelta([], "", FinishReason.ABORT, tally.partial(self._tok))
+                if stream.aborting else self._error(exc, tally))
         finally:
             stream.done = True
 

@@ -70,6 +70,7 @@ from workers.engine.base import (
     dimensions_refused,
 )
 from workers.engine.pumped import PumpedStream, PumpedStreams
+from workers.engine.structured import for_vllm
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +278,8 @@ def build_generate_call(
     if sp.logprobs is not None:
         sampling["logprobs"] = sp.logprobs
     if sp.json_schema is not None:
-        sampling["structured_outputs"] = {"json": json.loads(sp.json_schema)}
+        # Length-bounded strings rewritten so the grammar admits valid JSON only (structured).
+        sampling["structured_outputs"] = {"json": for_vllm(json.loads(sp.json_schema))}
     elif sp.json_object:
         sampling["structured_outputs"] = {"json_object": True}
     lora = None
@@ -589,9 +591,19 @@ class VLLMEngine(Engine):
                 TokenDelta([], "", FinishReason.ABORT, Usage(n_prompt, cached, n_out)))
             raise
         except Exception as exc:
-            log.warning("vLLM request %s failed: %s", call.request_id, exc)
             if _is_dead(exc):
                 self._dead = "the vLLM engine core died"
+            if stream.aborting:
+                # Cancelled by us (a client gone, a deadline, a drain), and vLLM's handling of
+                # the cancellation raised instead (its abort failed, or it wrapped the
+                # CancelledError in EngineGenerateError): still the abort, billed for what was
+                # generated (I5). An engine that died meanwhile is the watchdog's to restart.
+                log.info("vLLM request %s: its abort raised %s: %s", call.request_id,
+                         type(exc).__name__, exc)
+                stream.queue.put_nowait(
+                    TokenDelta([], "", FinishReason.ABORT, Usage(n_prompt, cached, n_out)))
+                return
+            log.warning("vLLM request %s failed: %s", call.request_id, exc)
             stream.queue.put_nowait(map_error(exc, Usage(n_prompt, cached, n_out)))
         finally:
             stream.done = True
