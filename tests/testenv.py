@@ -93,6 +93,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.markexpr = f"({config.option.markexpr}) and {UNIT_LANE}"
     else:
         config.option.markexpr = UNIT_LANE
+    # pyproject's --dist loadfile keeps a module on one worker so that its live system starts
+    # once; the unit lane starts none, and by file one worker drew the 1,047 tests of
+    # test_api_permissions.py and finished ~100 s after the others. Workers steal tests instead.
+    if getattr(config.option, "dist", "no") == "loadfile":
+        config.option.dist = "worksteal"
     config.pluginmanager.register(_ProcessGuard(), "unit-lane-guard")
 
 
