@@ -86,6 +86,17 @@ def fast_flush():
     undo()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def fast_static():
+    """Each test client's WhiteNoise middleware reuses one listing of the static files instead
+    of listing and stat-ing them again (tests/fast_static.py)."""
+    from tests import fast_static as static
+
+    undo = static.install()
+    yield
+    undo()
+
+
 class LiveSystem(TypedDict):
     """A running gateway and its pool's workers (real subprocesses)."""
 
