@@ -61,9 +61,8 @@ def admit_and_dispatch(r: redis.Redis, rid: str, worker: str, *, tenant: int = 1
 
 def deliver(r: redis.Redis, rid: str, tokens: int) -> None:
     """What a worker does before dying: stream ``tokens`` tokens."""
-    for _ in range(tokens):
-        r.xadd(stream_key("jp", rid), {"t": "x", "n": 1})
-        r.hincrby(req_key("jp", rid), "delivered", 1)
+    for i in range(1, tokens + 1):  # the ids relay_step.lua gives (its D1)
+        r.xadd(stream_key("jp", rid), {"t": "x", "n": 1}, id=f"{i}-{i}")
 
 
 def register(r: redis.Redis, worker: str, *, age: float) -> None:

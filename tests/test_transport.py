@@ -63,7 +63,8 @@ def test_step_batch_writes_one_entry_per_request_and_counts_delivery(redis_clien
     assert settlement.parse_settle("b", settled) is not None
     entries = redis_client.xrange(stream_key("p", "a"))
     assert [e[1] for e in entries] == [{b"t": b"Hello", b"n": b"2"}]
-    assert redis_client.hget(req_key("p", "a"), "delivered") == b"2"
+    assert transport.delivered(redis_client, stream_key("p", "a")) == 2  # the entry's id says so
+    assert entries[0][0] == b"2-1"
     assert redis_client.hget(req_key("p", "a"), "first_token_at") is not None
     assert 0 < redis_client.ttl(stream_key("p", "a")) <= 120
     # b: its tokens, then the final entry settle wrote in the same pipeline, after them.
@@ -272,7 +273,7 @@ def test_a_step_sent_twice_is_written_once(redis_client):
     entries = [e[1] for e in redis_client.xrange(stream_key("p", "dup"))]
     assert [e.get(b"t") for e in entries] == [b"a", b"b", None]  # then the final entry
     assert entries[-1][b"f"] == b"stop"
-    assert redis_client.hget(req_key("p", "dup"), "delivered") == b"2"
+    assert [e[0] for e in redis_client.xrange(stream_key("p", "dup"))][:2] == [b"1-1", b"2-2"]
     _admit("lost")
     redis_client.delete(req_key("p", "lost"))  # a Redis that came back empty
 

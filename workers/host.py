@@ -118,7 +118,8 @@ class _Running:
     # written to its stream (after a restart that would recreate keys without a TTL).
     broken: bool = False
     first_sent: bool = False  # its first tokens are in a step batch (stamps first_token_at)
-    relayed: int = 0  # tokens handed to step batches: the relay's guard (relay_step.lua R1)
+    relayed: int = 0  # tokens handed to step batches: its entries' ids (relay_step.lua D1)
+    entries: int = 0  # step batches that held its deltas: its entries' index (D1, R1)
     invalid: bool = False  # the engine sent ids outside the vocabulary: aborted, fails
     engine_failed: bool = False  # aborted because the engine died (retryable, see _recover)
     stream: asyncio.Future[Any] | None = None  # the engine.stream() call(s)
@@ -504,7 +505,10 @@ class EngineHost:
 
     def _relay(self, entry: _Running, text: str, n: int, *, first: bool) -> None:
         """Add a delta to the next step batch."""
-        self._batch.add(entry.rid, text, n, before=entry.relayed, first=first)
+        if entry.rid not in self._batch.tokens:
+            entry.entries += 1
+        self._batch.add(entry.rid, text, n, before=entry.relayed, first=first,
+                        index=entry.entries)
         entry.relayed += n
         self._flush_soon()
 
@@ -770,6 +774,9 @@ class EngineHost:
             entry = self.running.get(rid)
             if entry is not None and not entry.broken:
                 entry.broken = True
+                # Its deltas already in the next batch would follow the hole in its stream
+                # (their ids say so little: relay_step.lua R1 refuses only ids already passed).
+                self._batch.tokens.pop(rid, None)
                 self._abort_soon(rid)
 
     # -- cancel, heartbeats, janitor ----------------------------------------------------------
