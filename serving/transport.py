@@ -118,6 +118,10 @@ class StepBatch:
     tokens: dict[str, tuple[list[str], int, int, int]] = field(default_factory=dict)
     first: set[str] = field(default_factory=set)
     settles: list[tuple[str, list[str], list[Any]]] = field(default_factory=list)
+    # release.lua calls of requests settled in an earlier batch (keys, args): the tenant's
+    # give-back rides in this round trip instead of one of its own (issue 30). Not under
+    # Redis Cluster: their keys are on the tenant's slot, not the pool's.
+    releases: list[tuple[list[str], list[Any]]] = field(default_factory=list)
 
     def add(self, rid: str, text: str, n: int, *, before: int, first: bool = False,
             index: int | None = None) -> None:
@@ -134,8 +138,11 @@ class StepBatch:
     def settle(self, rid: str, keys: list[str], args: list[Any]) -> None:
         self.settles.append((rid, keys, args))
 
+    def release(self, keys: list[str], args: list[Any]) -> None:
+        self.releases.append((keys, args))
+
     def __bool__(self) -> bool:
-        return bool(self.tokens or self.settles)
+        return bool(self.tokens or self.settles or self.releases)
 
     def _relay_command(self, stream_ttl: int) -> bytes:
         """EVAL relay_step.lua over every delta of the step, as one RESP command."""
@@ -196,15 +203,23 @@ class StepBatch:
             raise redis.ConnectionError(f"the pool's slot moved: {moved}")
         if self.tokens and isinstance(replies[0], Exception):
             raise replies[0]
-        return replies[len(replies) - len(self.settles):] if self.settles else []
+        start = 1 if self.tokens else 0
+        for failed in replies[start + len(self.settles):]:
+            if isinstance(failed, Exception):  # its token's expiry releases it (admit.lua A5)
+                log.error("a release in a step batch of pool %s failed: %s", self.pool, failed)
+        return replies[start:start + len(self.settles)]
 
     def _pack(self, conn: Any, stream_ttl: int) -> list[list[bytes]]:
-        """Each command of the batch as the chunks to send: the relay, then every settle."""
+        """Each command of the batch as the chunks to send: the relay, every settle, then
+        every release (each safe to send twice: once by its request's release token)."""
         commands = [[self._relay_command(stream_ttl)]] if self.tokens else []
         settle = _code_only(script("settle").source)
         for _rid, keys, args in self.settles:
             # EVAL with the body, as in a pipeline: NOSCRIPT could not be retried in order.
             commands.append(conn.pack_command("EVAL", settle, len(keys), *keys, *args))
+        release = _code_only(script("release").source) if self.releases else ""
+        for keys, args in self.releases:
+            commands.append(conn.pack_command("EVAL", release, len(keys), *keys, *args))
         return commands
 
 

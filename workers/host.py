@@ -58,7 +58,7 @@ from celery.signals import worker_shutting_down
 from django.conf import settings
 
 from infra import quietlog, tracing
-from infra.redis_conn import get_async_redis, is_outage, new_async_pubsub_client
+from infra.redis_conn import cluster_mode, get_async_redis, is_outage, new_async_pubsub_client
 from serving import janitor, settlement, transport
 from serving.keys import inflight_key, pools_key, wake_key, worker_key, workers_key
 from serving.lua import script
@@ -713,11 +713,22 @@ class EngineHost:
                 delay = min(delay * 2, 1.0)
         done = settlement.parse_settle(rid, reply)
         if done is not None:
-            await settlement.release_async(done, self._redis)
+            await self._release(done)
         if traced is not None:
             tracing.record(traced, "settlement", began, time.time_ns(), pool=self.spec.name,
                            status=status, error_code=error_code, settled=done is not None)
         return done is not None
+
+    async def _release(self, done: settlement.Settled) -> None:
+        """The tenant's give-back (release.lua, once by its token): in the next step batch's
+        round trip, not one of its own (issue 30); a batch that fails leaves it to the token's
+        expiry, as a failed release always did (admit.lua A5). Under Redis Cluster its keys
+        are on another node than the batch's: sent alone."""
+        if cluster_mode():
+            await settlement.release_async(done, self._redis)
+            return
+        self._batch.release(done.release_keys, done.release_args)
+        self._flush_soon()
 
     async def _settle_once(self, rid: str, keys: list[str], args: list[Any]) -> Any:
         assert self._loop is not None
