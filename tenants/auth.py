@@ -423,11 +423,11 @@ def _publish_epoch() -> None:
     value = uuid.uuid4().hex
     epoch.changed_here(value.encode())
     try:
-        # The key first: a watcher woken by the message reads it (tenants.epoch).
-        pipe = get_redis().pipeline(transaction=False)
-        pipe.set(_epoch_key(), value)
-        pipe.publish(epoch.channel(), value)
-        pipe.execute()
+        # The key first: a watcher woken by the message reads it (tenants.epoch). Two calls,
+        # not a pipeline: Redis Cluster's client refuses PUBLISH in one; a change is rare.
+        client = get_redis()
+        client.set(_epoch_key(), value)
+        client.publish(epoch.channel(), value)
     except redis.RedisError as exc:
         log.error("could not publish the auth epoch (revocations wait for the %ss TTL): %s",
                   settings.AUTH_CACHE_SECONDS, type(exc).__name__)

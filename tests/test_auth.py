@@ -468,9 +468,6 @@ def test_redis_outage_falls_back_to_the_ttl_not_to_an_error(monkeypatch, setting
 
         set = publish = get
 
-        def pipeline(self, **_):
-            return self
-
     settings.AUTH_CACHE_SECONDS = 0.2
     api_key, plaintext = make_key()
     monkeypatch.setattr(auth, "get_redis", Down)
