@@ -20,6 +20,9 @@ Round trips: a second pair of runs (``--trips-requests`` each) watches ``MONITOR
 the commands clients send (a script's own calls excluded), solved per request and per token as
 above. A pipelined command is counted although it shares its round trip, so the figure is an
 upper bound on round trips (the worker's settle rides in its last relay step's pipeline).
+Round trips themselves are counted by Redis: ``INFO stats`` ``total_reads_processed`` (one read
+event per request or pipeline a client sends, idle subtracted), solved per request and per
+token in the same two runs; a large pipeline can take two reads, so it is close, not exact.
 ``--baseline DIR`` runs this same file inside another checkout (its code, its processes) before
 this one, in one invocation, and prints both with the ratio.
 
@@ -73,6 +76,7 @@ class Snapshot:
     at: float
     cpu_s: float
     calls: dict[str, int]  # INFO commandstats, per command (Lua's own calls included)
+    reads: int = 0  # INFO stats total_reads_processed: client read events, ~ round trips
 
     @property
     def commands(self) -> int:
@@ -83,8 +87,9 @@ def snapshot(r: redis.Redis) -> Snapshot:
     cpu = r.info("cpu")
     # redis-py names them "get" or "cmdstat_get" depending on its version.
     calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+    reads = int(r.info("stats").get("total_reads_processed", 0))
     return Snapshot(time.perf_counter(), float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
-                    calls)
+                    calls, reads)
 
 
 def top_commands(before: Snapshot, after: Snapshot, per: float) -> str:
@@ -95,8 +100,10 @@ def top_commands(before: Snapshot, after: Snapshot, per: float) -> str:
 
 
 def delta(before: Snapshot, now: Snapshot) -> dict[str, float]:
+    # A snapshot's own three INFO commands are three read events.
     return {"seconds": now.at - before.at, "cpu_s": now.cpu_s - before.cpu_s,
-            "commands": now.commands - before.commands}
+            "commands": now.commands - before.commands,
+            "reads": float(now.reads - before.reads - 3)}
 
 
 class Monitor:
@@ -178,11 +185,12 @@ def run_phase(system: System, r: redis.Redis, n: int, tokens: int, concurrency: 
     if idle is not None:  # where the commands go (the warm-up's are not worth a line)
         print(f"  {n} x {tokens} tokens, commands per request: "
               f"{top_commands(before, after, n)}", flush=True)
-    idle = idle or {"seconds": 1.0, "cpu_s": 0.0, "commands": 0.0}
+    idle = idle or {"seconds": 1.0, "cpu_s": 0.0, "commands": 0.0, "reads": 0.0}
     rate = used["seconds"] / idle["seconds"]
     return {"requests": float(n), "tokens": float(sum(x.completion_tokens for x in ok)),
             "cpu_s": max(used["cpu_s"] - idle["cpu_s"] * rate, 0.0),
             "commands": max(used["commands"] - idle["commands"] * rate, 0.0),
+            "reads": max(used["reads"] - idle["reads"] * rate, 0.0),
             "seconds": used["seconds"]}
 
 
@@ -225,6 +233,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         REDIS_PROC.stop()
     cost = solve_cost(short, long)
+    # Round trips: Redis's read events (a pipeline is one, however many commands it carries).
+    trips_cost = solve_cost({**short, "commands": short["reads"]},
+                            {**long, "commands": long["reads"]})
+    round_trips = {"per_request": trips_cost.commands_per_request,
+                   "per_token": trips_cost.commands_per_token}
     print(f"idle: {idle['cpu_s'] / idle['seconds'] * 1e3:.1f} ms CPU/s, "
           f"{idle['commands'] / idle['seconds']:.0f} commands/s (subtracted)")
     for name, run in (("short", short), ("long", long)):
@@ -234,10 +247,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     plans = [plan_redis(cost, output_tpm=d, tokens_per_request=args.tokens_per_request)
              for d in args.demand_tpm]
     print(render_redis_text(cost, plans))
+    print(f"round trips (Redis read events): {round_trips['per_request']:.2f} per request, "
+          f"{round_trips['per_token']:.3f} per token")
     if trips:
         print(f"client commands (round trips at most): {trips['per_request']:.2f} per request, "
               f"{trips['per_token']:.3f} per token")
     out = {"cost": cost.__dict__, "short": short, "long": long, "idle": idle, "trips": trips,
+           "round_trips": round_trips,
            "plans": [p.__dict__ for p in plans]}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
@@ -297,7 +313,9 @@ def print_ab(base: dict[str, Any], new: dict[str, Any]) -> None:
             ("Redis commands per request (Lua's included)", "cost", "commands_per_request", 1),
             ("Redis commands per token (Lua's included)", "cost", "commands_per_token", 1),
             ("client commands per request (round trips at most)", "trips", "per_request", 1),
-            ("client commands per token", "trips", "per_token", 1)]
+            ("client commands per token", "trips", "per_token", 1),
+            ("round trips per request (Redis read events)", "round_trips", "per_request", 1),
+            ("round trips per token (Redis read events)", "round_trips", "per_token", 1)]
     print(f"{'':52} {'baseline':>10} {'this':>10} {'this/base':>10}")
     for label, part, name, scale in rows:
         b, n = base.get(part, {}).get(name), new.get(part, {}).get(name)

@@ -363,20 +363,30 @@ def _parse_cancel(raw: list[Any]) -> tuple[str, str, str] | None:
     return text(raw[1]), text(raw[2]), text(raw[3])
 
 
+PUBLISHED = "published"  # mark_cancel_async's state when cancel.lua told the workers itself
+
+
 def mark_cancel(
     pool: str, rid: str, reason: str, client: redis.Redis | None = None
 ) -> tuple[str, str, str] | None:
     """Flag req:{rid} cancelled; (state, pool, tenant) or None if nothing is left to cancel."""
     return _parse_cancel(script("cancel").run(client or get_redis(), [req_key(pool, rid)],
-                                              [reason]))
+                                              [reason, "", rid]))
 
 
 async def mark_cancel_async(
-    pool: str, rid: str, reason: str, client: aioredis.Redis | None = None
+    pool: str, rid: str, reason: str, client: aioredis.Redis | None = None, *,
+    channel: str = "",
 ) -> tuple[str, str, str] | None:
+    """``mark_cancel``; with ``channel`` (the pool's cancel channel) the script also tells the
+    workers of a request that is no longer queued (cancel.lua C2): the state it returns is
+    then "published" for such a request, so the caller does not publish again."""
     raw = await script("cancel").run_async(client or get_async_redis(), [req_key(pool, rid)],
-                                           [reason])
-    return _parse_cancel(raw)
+                                           [reason, channel, rid])
+    found = _parse_cancel(raw)
+    if found is not None and len(raw) > 4 and text(raw[4]) == "1":
+        return PUBLISHED, found[1], found[2]
+    return found
 
 
 def retry_after_seconds(needed: float, level: float, rate_per_min: float) -> int:

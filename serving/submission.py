@@ -201,12 +201,16 @@ async def cancel_request(pool: str, rid: str, reason: str) -> bool:
 
     The flag is set first (cancel.lua). A request still in its queue is removed and settled here
     as cancelled with nothing billed (no accelerator work was done); one a worker holds is
-    aborted through ``cancel:{pool}`` and the worker settles it with the engine's counts.
+    aborted through ``cancel:{pool}`` and the worker settles it with the engine's counts; the
+    script publishes that itself (one round trip, cancel.lua C2).
     """
-    found = await admission.mark_cancel_async(pool, rid, reason)
+    found = await admission.mark_cancel_async(pool, rid, reason,
+                                              channel=transport.cancel_channel(pool))
     if found is None:
         return False
     state, _, tenant = found
+    if state == admission.PUBLISHED:
+        return True
     if state == "queued" and await wfq.for_loop().remove(pool, tenant, rid):
         await settlement.settle_async(
             pool, rid, status=Status.CANCELLED, finish_reason=FinishReason.ABORT, prompt_tokens=0,

@@ -1,11 +1,12 @@
 """Token transport: worker -> one Redis stream per request -> the gateway holding the client.
 
 Writer (worker): every engine step, the deltas of all requests that produced tokens go out in ONE
-round trip, whose first command is one ``relay_step.lua`` call doing ``XADD stream:{rid}`` plus
-``HINCRBY req:{rid} delivered n`` for each request (the janitor bills a lost request for what was
-delivered), and on a request's first tokens its ``first_token_at`` stamp. One script rather than
-two to four commands per request, packed by hand: the worker packs and parses one reply per
-step, and the gateway's blocked XREAD wakes once per step with all of it. A stream's
+round trip, whose first command is one ``relay_step.lua`` call doing one ``XADD stream:{rid}``
+per request, whose entry id carries the request's delivered count (``<tokens so far>-<entry
+index>``: the janitor bills a lost request for what was delivered, read back from the last
+entry), and on a request's first tokens its ``first_token_at`` stamp. One script, one command
+per request per step, packed by hand: the worker packs and parses one reply per step, and the
+gateway's blocked XREAD wakes once per step with all of it. A stream's
 last entry is written by ``settle.lua``, in the step that settles the request, so "final event"
 and "settled" are one.
 
@@ -106,32 +107,42 @@ class StepBatch:
     per-argument encoding was a third of the worker's time (bench/sse_throughput.py).
 
     Every command of a batch is safe to send twice, so a batch whose connection fails is sent
-    again once, on a fresh connection, from the first command that got no reply: the relay
-    writes a request's step only while ``delivered`` still equals the count relayed before it
-    (``before``), and settle applies once per request.
+    again once, on a fresh connection, from the first command that got no reply: a request's
+    entry has the same id the second time, which Redis refuses (relay_step.lua R1), and settle
+    applies once per request.
     """
 
     pool: str = ""  # every request of a batch is of this pool (one worker, one pool)
-    # Per request: its texts, their token count, and the tokens relayed before this batch
-    # (relay_step.lua's guard, R1).
-    tokens: dict[str, tuple[list[str], int, int]] = field(default_factory=dict)
+    # Per request: its texts, their token count, the tokens relayed before this batch and the
+    # index of its entry (1: its first): the entry's id (relay_step.lua D1, R1).
+    tokens: dict[str, tuple[list[str], int, int, int]] = field(default_factory=dict)
     first: set[str] = field(default_factory=set)
     settles: list[tuple[str, list[str], list[Any]]] = field(default_factory=list)
+    # release.lua calls of requests settled in an earlier batch (keys, args): the tenant's
+    # give-back rides in this round trip instead of one of its own (issue 30). Not under
+    # Redis Cluster: their keys are on the tenant's slot, not the pool's.
+    releases: list[tuple[list[str], list[Any]]] = field(default_factory=list)
 
-    def add(self, rid: str, text: str, n: int, *, before: int, first: bool = False) -> None:
+    def add(self, rid: str, text: str, n: int, *, before: int, first: bool = False,
+            index: int | None = None) -> None:
         """``before``: the tokens of ``rid`` handed to earlier batches (its delivered count
-        once they are written)."""
-        texts, count, before = self.tokens.get(rid, ([], 0, before))
+        once they are written); ``index``: how many batches held ``rid`` before this one, + 1
+        (default ``before + 1``, right only while every entry has a token)."""
+        texts, count, before, index = self.tokens.get(
+            rid, ([], 0, before, before + 1 if index is None else index))
         texts.append(text)
-        self.tokens[rid] = (texts, count + n, before)
+        self.tokens[rid] = (texts, count + n, before, index)
         if first:
             self.first.add(rid)
 
     def settle(self, rid: str, keys: list[str], args: list[Any]) -> None:
         self.settles.append((rid, keys, args))
 
+    def release(self, keys: list[str], args: list[Any]) -> None:
+        self.releases.append((keys, args))
+
     def __bool__(self) -> bool:
-        return bool(self.tokens or self.settles)
+        return bool(self.tokens or self.settles or self.releases)
 
     def _relay_command(self, stream_ttl: int) -> bytes:
         """EVAL relay_step.lua over every delta of the step, as one RESP command."""
@@ -140,10 +151,11 @@ class StepBatch:
         first = self.first
         keys: list[bytes] = []
         args: list[bytes] = [_bulk(str(STREAM_MAXLEN)), _bulk(str(stream_ttl))]
-        for rid, (texts, count, before) in self.tokens.items():
+        for rid, (texts, count, before, index) in self.tokens.items():
             keys += (_bulk(stream_prefix + rid), _bulk(req_prefix + rid))
             args += (_bulk("".join(texts)), _bulk(str(count)),
-                     _ONE if rid in first else _ZERO, _bulk(str(before)))
+                     _ONE if rid in first else _ZERO, _bulk(str(before + count)),
+                     _bulk(str(index)))
         head = b"*%d\r\n$4\r\nEVAL\r\n%s%s" % (
             3 + len(keys) + len(args), _relay_source(), _bulk(str(2 * n)))
         return b"".join((head, *keys, *args))
@@ -191,15 +203,23 @@ class StepBatch:
             raise redis.ConnectionError(f"the pool's slot moved: {moved}")
         if self.tokens and isinstance(replies[0], Exception):
             raise replies[0]
-        return replies[len(replies) - len(self.settles):] if self.settles else []
+        start = 1 if self.tokens else 0
+        for failed in replies[start + len(self.settles):]:
+            if isinstance(failed, Exception):  # its token's expiry releases it (admit.lua A5)
+                log.error("a release in a step batch of pool %s failed: %s", self.pool, failed)
+        return replies[start:start + len(self.settles)]
 
     def _pack(self, conn: Any, stream_ttl: int) -> list[list[bytes]]:
-        """Each command of the batch as the chunks to send: the relay, then every settle."""
+        """Each command of the batch as the chunks to send: the relay, every settle, then
+        every release (each safe to send twice: once by its request's release token)."""
         commands = [[self._relay_command(stream_ttl)]] if self.tokens else []
         settle = _code_only(script("settle").source)
         for _rid, keys, args in self.settles:
             # EVAL with the body, as in a pipeline: NOSCRIPT could not be retried in order.
             commands.append(conn.pack_command("EVAL", settle, len(keys), *keys, *args))
+        release = _code_only(script("release").source) if self.releases else ""
+        for keys, args in self.releases:
+            commands.append(conn.pack_command("EVAL", release, len(keys), *keys, *args))
         return commands
 
 
@@ -273,6 +293,16 @@ class StreamEvent:
 def _id_tuple(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def delivered(client: redis.Redis, stream: str) -> int:
+    """The tokens written to a request's stream (its key) so far, before its final entry: the
+    last token entry's id holds the count (relay_step.lua D1; settle.lua reads it so too)."""
+    last = client.xrevrange(stream, count=1)
+    if not last:
+        return 0
+    entry_id = last[0][0]
+    return _id_tuple(entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id))[0]
 
 
 def _bulk(value: str) -> bytes:

@@ -10,14 +10,14 @@ the input looked like; revoked and expired keys are filtered out in that same SQ
 take the path of an unknown key. The stored hash is compared in constant time.
 
 Caching and revocation. A process keeps principals for ``AUTH_CACHE_SECONDS`` keyed by key hash.
-Every call also reads one Redis key, the *auth epoch*, a random token rewritten whenever a key,
+Every call also checks the *auth epoch*, a random token in Redis rewritten whenever a key,
 tenant, tier or quota changes; a cached principal is only used under the epoch it was loaded
-with. We chose the epoch over a pub/sub invalidation channel because it needs no subscriber
-thread per process (nothing to restart after a fork or a dropped connection, no message lost
-while reconnecting: a missed change is impossible, not merely unlikely), and it works the same
-from sync and async code. Its price is one GET of a tiny key per request (~0.1-0.2 ms, the
-cost of the round trips admission makes anyway), against a DB query (three on a miss) it saves.
-Revocation therefore takes effect on the next request in every process; the TTL is only a
+with. The sync path reads the key per call (one GET). The async path, the gateway's, uses the
+value a watcher thread keeps (``tenants.epoch``: a pub/sub message on every change, and a read
+at least every ``epoch.POLL_S`` whatever happens, so a lost message delays a revocation by that
+much at most), and reads the key itself only while that value is not fresh: no round trip per
+request (issue 30). Revocation therefore takes effect at once in the process that made it and
+within one pub/sub delivery (``epoch.POLL_S`` at worst) in every other; the TTL is only a
 backstop for when Redis cannot be read.
 
 Database outage. When the lookup itself fails (the database is unreachable), a principal this
@@ -52,8 +52,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from infra.clientaddr import peer_address
-from infra.redis_conn import get_async_redis, get_redis, key
-from tenants import mtls, oidc
+from infra.redis_conn import get_async_redis, get_redis
+from tenants import epoch, mtls, oidc
 from tenants.api_keys import candidate_hashes, parse_key
 from tenants.budgets import KeyBudgets, key_budgets
 from tenants.limits import Limits, quota_table, resolve
@@ -337,7 +337,7 @@ _cache: dict[str, _Entry] = {}
 
 
 def _epoch_key() -> str:
-    return key("auth", "epoch")
+    return epoch.epoch_key()
 
 
 def _as_bytes(value: bytes | str | None) -> bytes | None:
@@ -354,6 +354,10 @@ def _read_epoch() -> bytes | None:
 
 
 async def _aread_epoch() -> bytes | None:
+    # The watcher's reading (tenants.epoch): no round trip per request while it is fresh.
+    seen = epoch.current()
+    if seen is not None:
+        return seen
     try:
         return _as_bytes(await get_async_redis().get(_epoch_key())) or b"-"
     except redis.RedisError as exc:
@@ -416,8 +420,14 @@ def invalidate_principals() -> None:
 
 
 def _publish_epoch() -> None:
+    value = uuid.uuid4().hex
+    epoch.changed_here(value.encode())
     try:
-        get_redis().set(_epoch_key(), uuid.uuid4().hex)
+        # The key first: a watcher woken by the message reads it (tenants.epoch). Two calls,
+        # not a pipeline: Redis Cluster's client refuses PUBLISH in one; a change is rare.
+        client = get_redis()
+        client.set(_epoch_key(), value)
+        client.publish(epoch.channel(), value)
     except redis.RedisError as exc:
         log.error("could not publish the auth epoch (revocations wait for the %ss TTL): %s",
                   settings.AUTH_CACHE_SECONDS, type(exc).__name__)

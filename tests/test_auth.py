@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 from django.utils import timezone
 
-from tenants import auth
+from tenants import auth, epoch
 from tenants.api_keys import generate_key
 from tenants.auth import (
     AuthError,
@@ -466,7 +466,7 @@ def test_redis_outage_falls_back_to_the_ttl_not_to_an_error(monkeypatch, setting
         def get(self, *_):
             raise redis_lib.ConnectionError("down")
 
-        set = get
+        set = publish = get
 
     settings.AUTH_CACHE_SECONDS = 0.2
     api_key, plaintext = make_key()
@@ -476,3 +476,66 @@ def test_redis_outage_falls_back_to_the_ttl_not_to_an_error(monkeypatch, setting
     time.sleep(0.25)
     with pytest.raises(AuthError):
         authenticate(bearer(plaintext))
+
+
+def _async_epoch_reads(monkeypatch) -> list[int]:
+    """Counts the async path's own reads of the epoch key (the watcher's are not these)."""
+    reads: list[int] = []
+    real = auth.get_async_redis
+
+    class Counting:
+        def __init__(self) -> None:
+            self.client = real()
+
+        async def get(self, name: str) -> Any:
+            reads.append(1)
+            return await self.client.get(name)
+
+    monkeypatch.setattr(auth, "get_async_redis", Counting)
+    return reads
+
+
+def _wait_for(condition: Any, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.01)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_gateway_path_reads_no_epoch_per_request_and_sees_another_process_revoke(
+        monkeypatch, settings, redis_client):
+    """Issue 30: no Redis read of the epoch per request while the watcher's is fresh; a change
+    published by another process (a raw SET + PUBLISH here) still ends the cached principal."""
+    settings.AUTH_CACHE_SECONDS = 300
+    api_key, plaintext = make_key()
+    reads = _async_epoch_reads(monkeypatch)
+    _wait_for(lambda: epoch.current() is not None)
+    for _ in range(5):
+        assert async_to_sync(aauthenticate)(bearer(plaintext)).key_id == api_key.pk
+    assert reads == []
+    ApiKey.objects.filter(pk=api_key.pk).update(revoked_at=timezone.now())  # no signal here
+    redis_client.set(epoch.epoch_key(), "elsewhere")
+    redis_client.publish(epoch.channel(), "elsewhere")
+    _wait_for(lambda: epoch.current() == b"elsewhere", timeout=epoch.POLL_S)  # the message
+    with pytest.raises(AuthError):
+        async_to_sync(aauthenticate)(bearer(plaintext))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_whose_message_was_lost_is_seen_within_the_poll(monkeypatch, settings,
+                                                                  redis_client):
+    settings.AUTH_CACHE_SECONDS = 300
+    _wait_for(lambda: epoch.current() is not None)
+    redis_client.set(epoch.epoch_key(), "no-message")  # published nowhere
+    started = time.monotonic()
+    _wait_for(lambda: epoch.current() == b"no-message")
+    assert time.monotonic() - started < epoch.POLL_S + 0.5  # a loaded machine's margin
+
+
+def test_a_stale_reading_is_not_used(monkeypatch):
+    """The watcher stuck (Redis away): requests read the epoch themselves, as before."""
+    epoch.changed_here(b"old")
+    assert epoch.current() is not None
+    monkeypatch.setattr(epoch, "FRESH_S", -1.0)  # every reading is older than that
+    assert epoch.current() is None

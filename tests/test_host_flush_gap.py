@@ -29,8 +29,9 @@ def test_deltas_within_the_gap_share_one_batch_and_a_lone_delta_goes_at_once() -
         async def record() -> None:
             batch, host._batch = host._batch, type(host._batch)(pool="gap")
             if batch:
-                sent.append((loop.time(), {rid: ("".join(t), n, before)
-                                           for rid, (t, n, before) in batch.tokens.items()}))
+                sent.append((loop.time(), {rid: ("".join(t), n, before, index)
+                                           for rid, (t, n, before, index) in
+                                           batch.tokens.items()}))
 
         host._flush_once = record  # type: ignore[method-assign]
         a, b = _Running("a", 1), _Running("b", 1)
@@ -49,7 +50,8 @@ def test_deltas_within_the_gap_share_one_batch_and_a_lone_delta_goes_at_once() -
     sent = asyncio.run(main())
     assert len(sent) == 2, sent
     (first_at, first), (second_at, second) = sent
-    assert first_at < GAP / 2 and first == {"a": ("A0", 1, 0)}
+    assert first_at < GAP / 2 and first == {"a": ("A0", 1, 0, 1)}
     assert second_at - first_at >= GAP * 0.9
-    # One entry per stream, its texts in order; `before` is what earlier batches relayed (R1).
-    assert second == {"a": ("A1A2A3", 3, 1), "b": ("B1B2B3", 3, 0)}
+    # One entry per stream, its texts in order; `before` is what earlier batches relayed and
+    # the index counts the stream's entries (its id, relay_step.lua D1).
+    assert second == {"a": ("A1A2A3", 3, 1, 2), "b": ("B1B2B3", 3, 0, 1)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
@@ -61,9 +62,8 @@ def admit_and_dispatch(r: redis.Redis, rid: str, worker: str, *, tenant: int = 1
 
 def deliver(r: redis.Redis, rid: str, tokens: int) -> None:
     """What a worker does before dying: stream ``tokens`` tokens."""
-    for _ in range(tokens):
-        r.xadd(stream_key("jp", rid), {"t": "x", "n": 1})
-        r.hincrby(req_key("jp", rid), "delivered", 1)
+    for i in range(1, tokens + 1):  # the ids relay_step.lua gives (its D1)
+        r.xadd(stream_key("jp", rid), {"t": "x", "n": 1}, id=f"{i}-{i}")
 
 
 def register(r: redis.Redis, worker: str, *, age: float) -> None:
@@ -209,3 +209,40 @@ def test_beat_sweeps_often_enough_to_end_lost_streams_soon_after_dead_after(sett
     assert janitor_every_s() == 5.0  # never rarer than every 5 s
     settings.WORKER_HEARTBEAT_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS = 2.0, 1.0
     assert janitor_every_s() == 2.0  # never more often than workers beat
+
+
+def test_cancelling_a_running_request_flags_and_tells_its_workers_in_one_script(redis_client):
+    """cancel.lua C1/C2: one call flags a dispatched request and publishes on its pool's
+    cancel channel; a queued one is flagged only (the caller removes it), a settled one not."""
+    from serving.submission import cancel_request
+
+    r = redis_client
+    admit_and_dispatch(r, "run", "w1")
+    admit("wait")
+    sub = r.pubsub(ignore_subscribe_messages=True)
+    sub.subscribe(transport.cancel_channel("jp"))
+    sub.get_message(timeout=1.0)
+    calls: list[str] = []
+    real = script("cancel").run_async
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append("cancel")
+        return await real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(script("cancel"), "run_async", counted)
+        mp.setattr(transport, "publish_cancel", _no_publish)
+        assert arun(cancel_request("jp", "run", "client_disconnect"))
+    message = sub.get_message(timeout=2.0)
+    assert message is not None and message["data"] == b"run\tclient_disconnect"
+    assert calls == ["cancel"]  # nothing else sent for it
+    assert r.hget(req_key("jp", "run"), "cancel") == b"client_disconnect"
+    assert arun(cancel_request("jp", "wait", "client_disconnect"))  # queued: removed, settled
+    assert r.hget(req_key("jp", "wait"), "state") == b"settled"
+    assert sub.get_message(timeout=0.2) is None  # a queued request's workers are not told
+    assert not arun(cancel_request("jp", "wait", "client_disconnect"))  # settled: nothing
+    sub.close()
+
+
+async def _no_publish(*_args: Any, **_kwargs: Any) -> int:
+    raise AssertionError("the script publishes a running request's cancel itself")

@@ -118,3 +118,25 @@ def test_a_lower_priority_is_used_only_when_every_higher_one_is_unhealthy(router
     assert router.reasons == {"first": "circuit open", "second": "no live worker"}
     router.exclude(targets[2], "engine_error")
     assert arun(router._pick_among(targets)) is None
+
+
+def test_the_pick_reads_overload_and_oversize_in_its_own_round_trip(router, redis_client,
+                                                                    settings):
+    """Issue 30: the checks between the pick and admission (overload shedding, the oversize
+    count) come from the pick's pipeline; what it read is what a separate reading reads."""
+    from gateway.inference import overload, oversize
+
+    settings.SHED_QUEUE_FACTOR = 4
+    for pool in ("a", "b"):
+        worker(redis_client, pool, f"w-{pool}", in_flight=0, max_running=4)
+    queue(redis_client, "a", "7", 3)
+    redis_client.hset(pool_key("wfq", "a", "state"), "vtime", 10)
+    redis_client.hset(pool_key("wfq", "a", "last"), "7", 25)
+    redis_client.set(oversize._key(7), 5)
+    arun(router._pick_among([target("a"), target("b")]))
+    assert router.overload_readings["a"] == arun(overload.reading("a", 7)) == (3, 1, 15.0)
+    assert router.overload_readings["b"] == (0, 1, 0.0)
+    assert router.oversize_read == oversize.Count(b"5")
+    settings.SHED_QUEUE_FACTOR = 0  # shedding off: nothing read for it
+    arun(router._pick_among([target("a")]))
+    assert router.overload_readings == {}

@@ -63,7 +63,8 @@ def test_step_batch_writes_one_entry_per_request_and_counts_delivery(redis_clien
     assert settlement.parse_settle("b", settled) is not None
     entries = redis_client.xrange(stream_key("p", "a"))
     assert [e[1] for e in entries] == [{b"t": b"Hello", b"n": b"2"}]
-    assert redis_client.hget(req_key("p", "a"), "delivered") == b"2"
+    assert transport.delivered(redis_client, stream_key("p", "a")) == 2  # the entry's id says so
+    assert entries[0][0] == b"2-1"
     assert redis_client.hget(req_key("p", "a"), "first_token_at") is not None
     assert 0 < redis_client.ttl(stream_key("p", "a")) <= 120
     # b: its tokens, then the final entry settle wrote in the same pipeline, after them.
@@ -272,7 +273,7 @@ def test_a_step_sent_twice_is_written_once(redis_client):
     entries = [e[1] for e in redis_client.xrange(stream_key("p", "dup"))]
     assert [e.get(b"t") for e in entries] == [b"a", b"b", None]  # then the final entry
     assert entries[-1][b"f"] == b"stop"
-    assert redis_client.hget(req_key("p", "dup"), "delivered") == b"2"
+    assert [e[0] for e in redis_client.xrange(stream_key("p", "dup"))][:2] == [b"1-1", b"2-2"]
     _admit("lost")
     redis_client.delete(req_key("p", "lost"))  # a Redis that came back empty
 
@@ -362,3 +363,53 @@ def test_a_new_subscription_lets_a_read_that_returns_by_itself_take_it(redis_cli
     unblocks_busy, got1, unblocks_alone, got2 = arun(main())
     assert (unblocks_busy, got1) == (0, "x")
     assert (unblocks_alone, got2) == (1, "y")
+
+
+def test_entry_ids_carry_the_delivered_count_and_a_zero_token_entry_keeps_them_rising(
+        redis_client):
+    """relay_step.lua D1: the id is <tokens so far>-<entry index>; an entry of no token (a
+    frame of text only) still gets a higher id, and the count settle reads is the last one."""
+    _admit("z")
+
+    async def step(text: str, n: int, before: int, index: int) -> None:
+        b = StepBatch(pool="p")
+        b.add("z", text, n, before=before, first=index == 1, index=index)
+        await b.flush(get_async_redis(), 120)
+
+    async def main() -> None:
+        await step("a", 2, 0, 1)
+        await step("", 0, 2, 2)  # no token: same count, next index
+        await step("b", 1, 2, 3)
+        await step("b", 1, 2, 3)  # sent again after a lost reply: refused by its id
+
+    arun(main())
+    ids = [e[0] for e in redis_client.xrange(stream_key("p", "z"))]
+    assert ids == [b"2-1", b"2-2", b"3-3"]
+    assert transport.delivered(redis_client, stream_key("p", "z")) == 3
+    keys, args = settlement.settle_call("p", "z", status="error", output_tokens=None)
+    done = settlement.parse_settle("z", settlement.script("settle").run(redis_client, keys, args))
+    assert done is not None and done.output_tokens == 3  # billed what the stream holds
+
+
+def test_a_release_rides_in_a_later_step_batch_once(redis_client):
+    """The worker's release.lua goes in the next batch's round trip; sent twice (a resent
+    batch), the tenant is given back once."""
+    _admit("rel")
+
+    async def main() -> tuple[list, bool]:
+        r = get_async_redis()
+        b = StepBatch(pool="p")
+        keys, args = settlement.settle_call("p", "rel", status="ok", output_tokens=0)
+        b.settle("rel", keys, args)
+        [reply] = await b.flush(r, 120)
+        done = settlement.parse_settle("rel", reply)
+        assert done is not None
+        later = StepBatch(pool="p")
+        later.release(done.release_keys, done.release_args)
+        assert later  # a batch of releases alone is sent
+        replies = await later.flush(r, 120)
+        return replies, await settlement.release_async(done, r)
+
+    replies, again = arun(main())
+    assert replies == []  # no settle in it
+    assert again is False  # the batch released it already: once

@@ -15,7 +15,7 @@ import pytest
 
 from infra.redis_conn import get_redis, key
 from metering.keys import pool_names
-from serving import wfq
+from serving import transport, wfq
 from serving.admission import AdmissionLimits, ScopeLimits
 from serving.budgets import UnitPrices, counter_key
 from serving.keys import deadlines_key, inflight_key
@@ -324,8 +324,8 @@ def test_killed_worker_ends_requests_with_retryable_error_and_another_serves_the
             doomed = asyncio.create_task(run_request(await job(0)))
             await until_running("kill-0")
             queued = [asyncio.create_task(run_request(await job(i))) for i in (1, 2)]
-            req = rkeys.find_req(redis_client, "kill-0")
-            while int(redis_client.hget(req, "delivered") or 0) < 5:
+            stream = rkeys.find_stream(redis_client, "kill-0")
+            while transport.delivered(redis_client, stream) < 5:
                 await asyncio.sleep(0.02)
             first.kill()  # SIGKILL: no drain, no cleanup, heartbeats just stop
             killed_at = time.monotonic()

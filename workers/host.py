@@ -58,7 +58,7 @@ from celery.signals import worker_shutting_down
 from django.conf import settings
 
 from infra import quietlog, tracing
-from infra.redis_conn import get_async_redis, is_outage, new_async_pubsub_client
+from infra.redis_conn import cluster_mode, get_async_redis, is_outage, new_async_pubsub_client
 from serving import janitor, settlement, transport
 from serving.keys import inflight_key, pools_key, wake_key, worker_key, workers_key
 from serving.lua import script
@@ -118,7 +118,8 @@ class _Running:
     # written to its stream (after a restart that would recreate keys without a TTL).
     broken: bool = False
     first_sent: bool = False  # its first tokens are in a step batch (stamps first_token_at)
-    relayed: int = 0  # tokens handed to step batches: the relay's guard (relay_step.lua R1)
+    relayed: int = 0  # tokens handed to step batches: its entries' ids (relay_step.lua D1)
+    entries: int = 0  # step batches that held its deltas: its entries' index (D1, R1)
     invalid: bool = False  # the engine sent ids outside the vocabulary: aborted, fails
     engine_failed: bool = False  # aborted because the engine died (retryable, see _recover)
     stream: asyncio.Future[Any] | None = None  # the engine.stream() call(s)
@@ -504,7 +505,10 @@ class EngineHost:
 
     def _relay(self, entry: _Running, text: str, n: int, *, first: bool) -> None:
         """Add a delta to the next step batch."""
-        self._batch.add(entry.rid, text, n, before=entry.relayed, first=first)
+        if entry.rid not in self._batch.tokens:
+            entry.entries += 1
+        self._batch.add(entry.rid, text, n, before=entry.relayed, first=first,
+                        index=entry.entries)
         entry.relayed += n
         self._flush_soon()
 
@@ -730,11 +734,22 @@ class EngineHost:
                 delay = min(delay * 2, 1.0)
         done = settlement.parse_settle(rid, reply)
         if done is not None:
-            await settlement.release_async(done, self._redis)
+            await self._release(done)
         if traced is not None:
             tracing.record(traced, "settlement", began, time.time_ns(), pool=self.spec.name,
                            status=status, error_code=error_code, settled=done is not None)
         return done is not None
+
+    async def _release(self, done: settlement.Settled) -> None:
+        """The tenant's give-back (release.lua, once by its token): in the next step batch's
+        round trip, not one of its own (issue 30); a batch that fails leaves it to the token's
+        expiry, as a failed release always did (admit.lua A5). Under Redis Cluster its keys
+        are on another node than the batch's: sent alone."""
+        if cluster_mode():
+            await settlement.release_async(done, self._redis)
+            return
+        self._batch.release(done.release_keys, done.release_args)
+        self._flush_soon()
 
     async def _settle_once(self, rid: str, keys: list[str], args: list[Any]) -> Any:
         assert self._loop is not None
@@ -791,6 +806,9 @@ class EngineHost:
             entry = self.running.get(rid)
             if entry is not None and not entry.broken:
                 entry.broken = True
+                # Its deltas already in the next batch would follow the hole in its stream
+                # (their ids say so little: relay_step.lua R1 refuses only ids already passed).
+                self._batch.tokens.pop(rid, None)
                 self._abort_soon(rid)
 
     # -- cancel, heartbeats, janitor ----------------------------------------------------------

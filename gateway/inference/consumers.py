@@ -610,12 +610,15 @@ class CompletionConsumer(ApiConsumer):
             raise ApiError(400, f"The model `{req.model}` is an embedding model: use "
                            "/v1/embeddings.", param="model", code="invalid_value")
         limits = self.principal.limits(target.served_model)
-        async with oversize.counted(self.principal.tenant_id):  # repeated 400s for size: 429
+        # Both checks use what the router's pick read (no round trips of their own).
+        async with oversize.counted(self.principal.tenant_id,  # repeated 400s for size: 429
+                                    self.router.oversize_read):
             prompt_ids = await tokenize(req, pool.model)
             sized = size_request(req, prompt_ids, await serving_model(pool), limits)
         sampling = sampling_params(req, sized.max_tokens, pool.model.tool_call_parser)
         check_supported(req, sampling, pool)
-        await overload.check(pool.name, pool.max_sequences, self.principal.tenant_id)
+        await overload.check(pool.name, pool.max_sequences, self.principal.tenant_id,
+                             self.router.overload_readings.get(pool.name))
         return Prepared(sized.prompt_token_ids, sampling)
 
     def _use(self, target: Target) -> None:
@@ -810,14 +813,16 @@ class EmbeddingsConsumer(CompletionConsumer):
         self.end_user = end_user_of(data, self.headers_dict(), principal.end_user_header)
         self.noted(req.model, False)
         # The router's health check refuses at once a model whose pools have no live worker.
-        pool = (await Router(req.model, principal).pick()).pool
+        router = Router(req.model, principal)
+        pool = (await router.pick()).pool
         self.pool = pool
         if pool.model.task != "embed":
             raise ApiError(400, f"The model `{req.model}` does not serve embeddings.",
                            param="model", code="invalid_value")
         prompts = await asyncio.to_thread(embeddings.tokenize, req, pool.model,
                                           principal.limits(req.model))
-        await overload.check(pool.name, pool.max_sequences, principal.tenant_id)
+        await overload.check(pool.name, pool.max_sequences, principal.tenant_id,
+                             router.overload_readings.get(pool.name))
         with tracing.child(self.span, "admission", pool=pool.name):
             result = await submit_request(
                 request_id=self.request_id, principal=principal, pool=pool.name,

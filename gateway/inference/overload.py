@@ -13,9 +13,13 @@ Two readings of the pool's WFQ state, in one pipelined round trip:
   are shed first, and a tenant within its fair share is never shed while others exceed theirs.
 
 A shed request is refused before anything is charged, with Retry-After; nothing here writes.
+The reading rides in the router's pipeline (its breaker checks), so it costs no round trip.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from django.conf import settings
 
@@ -27,24 +31,44 @@ from infra.redis_conn import get_async_redis
 SHED_RETRY_AFTER_S = 5
 
 
-async def reading(pool: str, tenant_id: object) -> tuple[int, int, float]:
-    """(queued requests, live workers, the tenant's virtual backlog)."""
-    pipe = get_async_redis().pipeline(transaction=False)
+Reading = tuple[int, int, float]  # (queued requests, live workers, the tenant's backlog)
+READS = 4  # replies ``queue_reading`` adds to a pipeline
+
+
+def queue_reading(pipe: Any, pool: str, tenant_id: object) -> None:
+    """Add the reading's ``READS`` commands to a pipeline (the router's, so the reading costs
+    no round trip of its own: issue 30); ``parse_reading`` turns their replies into one."""
     pipe.hlen(wfq_key(pool, "items"))
     queue_live_count(pipe, pool)
     pipe.hget(wfq_key(pool, "state"), "vtime")
     pipe.hget(wfq_key(pool, "last"), str(tenant_id))
-    queued, workers, vtime, last = await pipe.execute()
+
+
+def parse_reading(replies: Sequence[Any]) -> Reading:
+    queued, workers, vtime, last = replies
     backlog = max(0.0, float(last or 0) - float(vtime or 0))
     return int(queued), int(workers), backlog
 
 
-async def check(pool: str, max_sequences: int, tenant_id: object) -> None:
-    """Raise a 503 if the pool is overloaded and this tenant is over its share."""
+async def reading(pool: str, tenant_id: object) -> Reading:
+    """(queued requests, live workers, the tenant's virtual backlog), in a round trip."""
+    pipe = get_async_redis().pipeline(transaction=False)
+    queue_reading(pipe, pool, tenant_id)
+    return parse_reading(await pipe.execute())
+
+
+def enabled() -> bool:
+    return float(settings.SHED_QUEUE_FACTOR) > 0
+
+
+async def check(pool: str, max_sequences: int, tenant_id: object,
+                read: Reading | None = None) -> None:
+    """Raise a 503 if the pool is overloaded and this tenant is over its share. ``read``: a
+    reading taken already (the router's pipeline), else one is taken here."""
     factor = settings.SHED_QUEUE_FACTOR
     if factor <= 0:
         return  # shedding disabled
-    queued, workers, backlog = await reading(pool, tenant_id)
+    queued, workers, backlog = read if read is not None else await reading(pool, tenant_id)
     if queued <= factor * workers * max_sequences:
         return
     # Cost units (WFQ_INPUT_PRICE x prompt + WFQ_OUTPUT_PRICE x output, divided by the weight).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -35,10 +36,23 @@ def _key(tenant_id: int) -> str:
     return key("oversize", tenant_id)
 
 
-async def check(tenant_id: int) -> None:
-    """429 while the tenant's oversize refusals within the window are at the limit."""
+@dataclass(frozen=True)
+class Count:
+    """The tenant's count as a pipeline read it (``queue_count``; None: no refusal yet)."""
+    raw: bytes | str | None
+
+
+def queue_count(pipe: Any, tenant_id: int) -> None:
+    """Add the read of the tenant's count to a pipeline (the router's: no round trip of its
+    own, issue 30); pass its reply, as a ``Count``, to ``counted`` / ``check``."""
+    pipe.get(_key(tenant_id))
+
+
+async def check(tenant_id: int, read: Count | None = None) -> None:
+    """429 while the tenant's oversize refusals within the window are at the limit. ``read``:
+    the count read already, else it is read here."""
     client: Any = get_async_redis()
-    count = await client.get(_key(tenant_id))
+    count = read.raw if read is not None else await client.get(_key(tenant_id))
     if count is not None and int(count) >= settings.OVERSIZE_REFUSALS_PER_MINUTE:
         ttl = await client.ttl(_key(tenant_id))
         wait = float(ttl if ttl and ttl > 0 else WINDOW_S)
@@ -55,10 +69,10 @@ async def record(tenant_id: int) -> int:
 
 
 @asynccontextmanager
-async def counted(tenant_id: int) -> AsyncIterator[None]:
+async def counted(tenant_id: int, read: Count | None = None) -> AsyncIterator[None]:
     """Around measuring a prompt: refuse a tenant over the limit first, and count a refusal
-    for size that comes out of the block."""
-    await check(tenant_id)
+    for size that comes out of the block. ``read``: as ``check``'s."""
+    await check(tenant_id, read)
     try:
         yield
     except ApiError as exc:

@@ -40,6 +40,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError
 
 from catalog.models import Route
+from gateway.inference import overload, oversize
 from gateway.inference.errors import ApiError, model_not_found, unavailable
 from gateway.inference.pools import PoolInfo, candidate_pools, catalog, not_served
 from gateway.orm import in_thread
@@ -257,6 +258,10 @@ class Router:
         self.retries = settings.ROUTE_RETRIES
         self.reasons: dict[str, str] = {}  # pool -> why it was passed over (for the 503)
         self._chain: list[str] | None = None
+        # Read in the last pick's pipeline, for the checks between the pick and admission
+        # (gateway.inference.overload, .oversize): no round trip of their own (issue 30).
+        self.overload_readings: dict[str, overload.Reading] = {}
+        self.oversize_read: oversize.Count | None = None
 
     async def chain(self) -> list[str]:
         if self._chain is None:
@@ -276,6 +281,21 @@ class Router:
 
     def may_retry(self) -> bool:
         return self.failures < self.retries
+
+    def _queue_checks(self, pipe: Any, names: Sequence[str]) -> None:
+        tenant = self.principal.tenant_id
+        if overload.enabled():
+            for name in names:
+                overload.queue_reading(pipe, name, tenant)
+        oversize.queue_count(pipe, tenant)
+
+    def _read_checks(self, names: Sequence[str], replies: Sequence[Any]) -> None:
+        self.overload_readings = {}
+        if overload.enabled():
+            for i, name in enumerate(names):
+                self.overload_readings[name] = overload.parse_reading(
+                    replies[overload.READS * i:overload.READS * (i + 1)])
+        self.oversize_read = oversize.Count(replies[-1])
 
     async def pick(self) -> Target:
         """The next target; 503 naming the model when none can serve now."""
@@ -306,7 +326,10 @@ class Router:
             health.queue_checks(pipe, names)
             if len(group) > 1:
                 _queue_reads(pipe, group, self.principal.tenant_id)
+            own = len(pipe)
+            self._queue_checks(pipe, names)
             replies = await pipe.execute()
+            self._read_checks(names, replies[own:])
             healthy, reads = [], []
             for i, (t, v) in enumerate(zip(group, health.verdicts(names, replies[:len(names)]),
                                              strict=True)):

@@ -28,8 +28,7 @@ if not a then return err end
 local finish, seq = enqueue_request(q, a.policy, a.tenant, a.rid, a.cost, a.weight, a.kv, a.now)
 if not finish then return seq end
 
-local fields = {'state', 'queued', 'admitted_at', tostring(math.floor(now * 1000)),
-                'delivered', '0'}
+local fields = {'state', 'queued', 'admitted_at', tostring(math.floor(now * 1000))}
 for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', req, unpack(fields))
 redis.call('ZADD', deadlines, string.format('%.3f', now + tonumber(ARGV[3])), ARGV[1])

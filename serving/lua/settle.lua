@@ -43,7 +43,10 @@ local charged_in, charged_out = tonumber(h.p), tonumber(h.o)
 local prompt = tonumber(ARGV[5])
 if prompt < 0 then prompt = charged_in end
 local output = tonumber(ARGV[7])
-if output < 0 then output = tonumber(h.delivered or '0') end
+if output < 0 then  -- relay_step.lua D1: the last token entry's id holds the count
+  local last = redis.call('XREVRANGE', KEYS[12], '+', '-', 'COUNT', 1)[1]
+  output = last and tonumber(string.match(last[1], '^(%d+)-')) or 0
+end
 local cached = math.min(tonumber(ARGV[6]), prompt)
 
 redis.call('ZREM', KEYS[10], ARGV[1])
