@@ -30,6 +30,7 @@ import redis
 
 from catalog import serve_status
 from catalog.models import Pool
+from gateway.inference import pools
 from infra.redis_conn import get_redis
 from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant, open_quota
@@ -121,6 +122,15 @@ def completes(url: str, plain: str) -> None:
         model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True)
     chunks = list(stream)
     assert chunks and chunks[-1].choices[0].finish_reason == "length"
+
+
+def answered(url: str, plain: str, model: str) -> Any:
+    """A short completion of ``model``, or None while the gateway does not know it (404)."""
+    try:
+        return client(url, plain).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    except openai.NotFoundError:
+        return None
 
 
 def served_now(url: str, plain: str) -> bool:
@@ -351,8 +361,10 @@ def test_a_pool_added_disabled_and_re_enabled_while_serve_runs_is_started_and_st
         pid = procs.wait_until(lambda: worker_up(serve, NEW), 40, "the added pool's worker",
                                serve)
         added_s = time.monotonic() - t0
-        reply = client(url, plain).chat.completions.create(
-            model=NEW_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+        # The gateway reads the pool table at most every pools.TTL seconds: until then the new
+        # model is unknown to it (404), however soon its worker is up.
+        reply = procs.wait_until(lambda: answered(url, plain, NEW_MODEL), pools.TTL + 5,
+                                 "the gateway to know the added model", serve)
         assert reply.choices[0].finish_reason == "length"
         t1 = time.monotonic()
         Pool.objects.filter(name=NEW).update(enabled=False)
