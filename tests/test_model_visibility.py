@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from gateway.inference import pools
 from gateway.inference.errors import ApiError
 from tests import rkeys
-from tests.factories import make_model, make_pool
+from tests.factories import make_model, make_pool, make_tenant
 from tests.worlds import build_world, make_user
 
 pytestmark = pytest.mark.django_db
@@ -81,3 +81,20 @@ def test_v1_routing_answers_404_for_another_tenants_private_model(redis_client, 
         assert _choose("sim-small", world.tenant.pk) == 200
     finally:
         pools.forget_catalog()
+
+
+@pytest.mark.django_db(transaction=True)  # the table is read in a thread, on its own connection
+def test_a_model_added_a_moment_ago_is_found_without_waiting_for_the_table_ttl(redis_client):
+    """An unknown name reloads a table older than MISS_RELOAD_S, not only after TTL: a pool
+    just added is served at once (serve's tests met a 404 while its worker was already up)."""
+    pools.forget_catalog()
+    tenant_id = make_tenant().pk
+    asyncio.run(pools.catalog())  # cached now, without the new model
+    make_pool(make_model("fresh-model"), name="fresh-pool")
+    with pytest.raises(ApiError):  # within MISS_RELOAD_S: the cached table answers
+        asyncio.run(pools.candidate_pools("fresh-model", tenant_id, "local", frozenset()))
+    pools._cache = (pools._cache[0] - pools.MISS_RELOAD_S - 0.01, pools._cache[1])
+    found = asyncio.run(pools.candidate_pools("fresh-model", tenant_id, "local", frozenset()))
+    assert [p.name for p in found] == ["fresh-pool"]
+    assert pools.MISS_RELOAD_S < pools.TTL
+    pools.forget_catalog()

@@ -101,10 +101,16 @@ def _adapters(pool: Pool) -> AdapterCatalog:
         return AdapterCatalog()
 
 
-async def catalog() -> Catalog:
+# A name the cached table does not know reloads a table older than this, so a model added a
+# moment ago is not refused (404) for up to TTL; a flood of unknown names costs at most one
+# read of the table per this per process.
+MISS_RELOAD_S = 0.5
+
+
+async def catalog(max_age: float = TTL) -> Catalog:
     global _cache
     now = time.monotonic()
-    if _cache is None or now - _cache[0] > TTL:
+    if _cache is None or now - _cache[0] > max_age:
         try:
             _cache = (now, await in_thread(_load_catalog)())
         except (DatabaseError, InterfaceError):
@@ -274,6 +280,8 @@ async def candidate_pools(model: str, tenant_id: int, region: str,
     only when it has any. 404 for a model it cannot see, 503 when none is enabled here.
     Whether a worker serves them is the caller's question (``served``, the breakers)."""
     cat = await catalog()
+    if model not in cat.models:
+        cat = await catalog(MISS_RELOAD_S)
     pools: list[PoolInfo]
     if model in cat.models:
         if (allowed and model not in allowed) or not _usable_by(cat, model, tenant_id):
