@@ -107,9 +107,12 @@ def _adapters(pool: Pool) -> AdapterCatalog:
 MISS_RELOAD_S = 0.5
 
 
-async def catalog(max_age: float = TTL) -> Catalog:
+async def catalog(max_age: float | None = None) -> Catalog:
+    """The pool table, read at most every ``max_age`` seconds (default TTL, read at call time
+    so a test may change it)."""
     global _cache
     now = time.monotonic()
+    max_age = TTL if max_age is None else max_age
     if _cache is None or now - _cache[0] > max_age:
         try:
             _cache = (now, await in_thread(_load_catalog)())
@@ -281,7 +284,7 @@ async def candidate_pools(model: str, tenant_id: int, region: str,
     Whether a worker serves them is the caller's question (``served``, the breakers)."""
     cat = await catalog()
     if model not in cat.models:
-        cat = await catalog(MISS_RELOAD_S)
+        cat = await catalog(min(MISS_RELOAD_S, TTL))
     pools: list[PoolInfo]
     if model in cat.models:
         if (allowed and model not in allowed) or not _usable_by(cat, model, tenant_id):
