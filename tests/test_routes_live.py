@@ -181,8 +181,13 @@ def test_backlogged_tenants_3_1_1_over_two_pools_get_their_weighted_shares(syste
     shares = {name: counts[name] / total for name in keys}
     print(f"\nfairness over two pools: tokens {({n: round(v) for n, v in counts.items()})} shares "
           + ", ".join(f"{n} {v:.3f}" for n, v in shares.items()))
+    # The bound is what whole slots allow: a pool hands out 4 slots of 2 s streams, so a
+    # weight-1 tenant's share of slots (0.8 per pool) is met only on average, and at the
+    # window's edges it may hold one stream more or less per pool: 2 x 40 tokens of its ~750,
+    # about 10%. (5% failed here on a quiet machine with b 0.203 and c 0.187.) Unweighted or
+    # unfair service is far outside it: equal shares would be 0.333 each.
     for name, target in (("heavy", 0.6), ("b", 0.2), ("c", 0.2)):
-        assert abs(shares[name] / target - 1) <= 0.05, shares
+        assert abs(shares[name] / target - 1) <= 0.10, shares
 
 
 def test_a_prompt_cache_key_keeps_landing_on_one_pool_and_keys_spread_over_both(
@@ -223,19 +228,33 @@ def idle_tenants_gone(r: Any, pool: str) -> bool:
 
 
 def test_a_killed_pool_worker_is_routed_around_before_the_first_token(system, plain):
-    url, worker = system["url"], system["workers"][A]
+    """The worker killed is that of the pool with requests queued at the moment (the router
+    may queue the overflow on either pool, or first on one: CI saw A's queue stay empty for
+    30 s while B's grew); the other pool serves the route test below."""
+    url = system["url"]
     r = get_redis()
     killed: list[float] = []
     procs.wait_until(lambda: idle_tenants_gone(r, A) and idle_tenants_gone(r, B),
                      2 * settings.WFQ_ACTIVE_WINDOW_SECONDS + 5, "earlier tenants to go idle")
+    seen: list[str] = []  # the last reads: in the message if the load never showed
+
+    def busy_with_a_queue() -> str | None:
+        state = {pool: (running(pool), r.hlen(rkeys.pool_key("wfq", pool, "items")))
+                 for pool in (A, B)}
+        seen[:] = [*seen[-4:], str(state)]
+        if all(run >= 3 for run, _ in state.values()):
+            return next((pool for pool, (_, queued) in state.items() if queued >= 1), None)
+        return None
 
     def kill(_tasks: Any) -> None:
-        # Both pools busy (4 slots each) and more queued behind them.
-        procs.wait_until(lambda: running(A) >= 3 and running(B) >= 3
-                         and r.hlen(rkeys.pool_key("wfq", A, "items")) >= 1, 30,
-                         "both pools busy, some queued on the one to kill")
+        # Both pools busy (4 slots each) and more queued behind one of them.
+        try:
+            victim = str(procs.wait_until(busy_with_a_queue, 30, "both pools busy, some queued"))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last (running, queued) per pool: {seen}") from None
+        system["alive"] = B if victim == A else A
         time.sleep(0.3)  # the running ones have sent tokens
-        os.kill(worker.pid, signal.SIGKILL)
+        os.kill(system["workers"][victim].pid, signal.SIGKILL)
         killed.append(time.monotonic())
 
     outcomes, _ = faults.stream_many(url, plain, body(MODEL, 50), 14, during=kill, timeout=90)
@@ -351,7 +370,8 @@ def test_a_model_whose_pools_have_no_live_worker_is_refused_at_once_naming_it(sy
 def test_a_route_spreads_by_weight_and_names_the_model_that_served(system, plain):
     get_redis().delete(breaker_key(A), breaker_key(B))
     route = Route.objects.create(name="fast-chat")
-    RouteTarget.objects.create(route=route, pool=Pool.objects.get(name=B), weight=1.0)
+    alive = system.get("alive", B)  # the pool whose worker the kill test spared
+    RouteTarget.objects.create(route=route, pool=Pool.objects.get(name=alive), weight=1.0)
     try:
         time.sleep(2.1)  # the gateway's route table TTL
         client = openai.OpenAI(base_url=system["url"] + "/v1", api_key=plain, max_retries=0)
