@@ -25,16 +25,18 @@ if [ $# -gt 0 ]; then
 fi
 
 # Workers. The unit lane is CPU-bound and short: twice the cores (at most 8). The live lane
-# starts real processes, and several fault and revocation tests assert timings that two
-# parallel workers on the 2-core CI machine made flaky (session 8: 4-5 timing failures per
-# run at -n 2 and -n 4), so it runs in one worker until those tests wait on conditions instead
-# of clocks. Worker i uses Redis db (REDIS_URL's db + i) (tests/testenv.py), so workers must fit
-# in Redis' 16 dbs. TEST_WORKERS sets the unit lane's, LIVE_TEST_WORKERS the live lane's.
+# starts real processes and runs in two workers: session 8 saw 4-5 timing failures per run at
+# -n 2; its timing-asserting tests have since waited on conditions, and session 11's three
+# full live-lane runs on the 2-core machine passed at -n 2 (628 s, then 543 s with
+# tests/xdist_scopes.py dealing the modules), while -n 3 was no faster (554 s: the cores are
+# saturated) and failed three timing tests. ADR 0031. Worker i uses Redis db (REDIS_URL's db +
+# i) (tests/testenv.py), so workers must fit in Redis' 16 dbs. TEST_WORKERS sets the unit
+# lane's, LIVE_TEST_WORKERS the live lane's.
 base_db=${REDIS_URL##*/}
 [[ $base_db =~ ^[0-9]+$ ]] || base_db=0
 cap() { local n=$1; (( n > 8 )) && n=8; (( n > 16 - base_db )) && n=$(( 16 - base_db )); (( n < 1 )) && n=1; echo "$n"; }
 unit_workers=$(cap "${TEST_WORKERS:-$(( $(nproc) * 2 ))}")
-live_workers=$(cap "${LIVE_TEST_WORKERS:-1}")
+live_workers=$(cap "${LIVE_TEST_WORKERS:-2}")
 
 # lane NAME WORKERS ARGS...: runs pytest, records its wall time in NAME_s and its status in
 # NAME_rc.

@@ -584,11 +584,15 @@ class StreamReader:
         """After a reconnect: a request whose state is gone (Redis restarted empty) will never
         get another entry, so its consumers end now rather than at their deadline."""
         stream_keys = list(self._subs)
-        lost = []
-        for sk in stream_keys:
-            await conn.send_command("EXISTS", req_key(self.pool, self._subs[sk][0].rid))
-            if not int(await conn.read_response()):
-                lost.append(sk)
+        if not stream_keys:
+            return
+        # One write, then the replies: a round trip for all, not one per open stream (every
+        # request hash is on the pool's slot, so one connection holds them all).
+        await conn.send_packed_command(conn.pack_commands(
+            [("EXISTS", req_key(self.pool, self._subs[sk][0].rid)) for sk in stream_keys]),
+            check_health=False)
+        found = [int(await conn.read_response()) for _ in stream_keys]
+        lost = [sk for sk, exists in zip(stream_keys, found, strict=True) if not exists]
         self._fail(lost, "state_lost", "The service restarted and lost this request; retry.")
 
     def _command(self) -> bytes:

@@ -413,3 +413,34 @@ def test_a_release_rides_in_a_later_step_batch_once(redis_client):
     replies, again = arun(main())
     assert replies == []  # no settle in it
     assert again is False  # the batch released it already: once
+
+
+def test_a_request_whose_state_is_gone_ends_with_state_lost_and_only_it(redis_client):
+    """After a reconnect (Redis restarted empty, or a failover lost writes) the relay asks, in
+    one pipelined round trip, which of its open streams' requests still exist: only the one
+    whose hash is gone ends, with the retryable ``state_lost``; the others keep waiting."""
+    rids = ["kept1", "gone", "kept2"]
+    for rid in rids:
+        _admit(rid)
+
+    async def main() -> tuple[list[str], list[bool]]:
+        streams = {rid: transport.subscribe("p", rid) for rid in rids}
+        firsts = {rid: asyncio.create_task(anext(s)) for rid, s in streams.items()}
+        await reader_blocked()  # all three are subscribed
+        assert redis_client.delete(req_key("p", "gone")) == 1
+        relay = transport.reader("p")
+        conn = await relay._connect()
+        try:
+            await relay._fail_lost(conn)
+        finally:
+            await conn.disconnect()
+        event = await asyncio.wait_for(firsts["gone"], 5)
+        await asyncio.sleep(0.2)  # time for a wrong end of the others to arrive
+        pending = [not firsts[rid].done() for rid in ("kept1", "kept2")]
+        for task in firsts.values():
+            task.cancel()
+        return [event.fields.get("e"), event.fields.get("r")], pending
+
+    ended, pending = arun(main())
+    assert ended == ["state_lost", "1"]
+    assert pending == [True, True]
