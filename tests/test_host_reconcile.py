@@ -15,7 +15,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from infra.redis_conn import key
+from serving import admission
 from serving.keys import inflight_key, req_key
 from serving.wire import SamplingParams, pack_prompt, pack_sampling
 from tests import rkeys
@@ -60,4 +63,45 @@ def test_a_claim_whose_reply_was_lost_is_settled_by_the_live_worker(redis_client
     assert got["served"]["status"] == "ok" and got["served"]["error_code"] is None
     assert len(rkeys.usage_records(r)) == 2  # once each
     assert r.scard(inflight_key("jp", "rw-1")) == 0
+    assert not any(counters(r).values()), counters(r)
+
+
+def test_a_cancel_whose_message_was_missed_still_stops_the_sequence(
+        redis_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """I5's backstop (EngineHost._sweep_cancels): the worker hears no PUBLISH at all (its
+    listener is down, as while it reconnects), and a running request's cancel flag is set the
+    way cancel.lua sets it. The sequence still stops within a sweep, settled cancelled and
+    billed only for what was generated; without the sweep it would run all 5,000 tokens."""
+    r = redis_client
+
+    async def deaf(_host: EngineHost) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(EngineHost, "_cancel_listener", deaf)
+    admit("long", out=5000)
+    r.hset(req_key("jp", "long"), mapping={
+        "prompt_ids": pack_prompt([5, 6, 7]),
+        "sampling": pack_sampling(SamplingParams(max_tokens=5000, ignore_eos=True))})
+    engine = SimulatedEngine(SimConfig(max_running_seqs=4, kv_cache_tokens=16384,
+                                       max_model_len=8192, decode_tokens_per_s=200.0))
+    host = EngineHost(EngineSpec("jp", max_sequences=4), engine, "rw-2", heartbeat_s=0.1,
+                      dead_after_s=5)
+
+    async def main() -> None:
+        task = asyncio.create_task(host.run())
+        try:
+            await until(lambda: r.xlen(rkeys.stream_key("jp", "long")) > 0)
+            # cancel.lua with no channel: the flag, and no message to any worker.
+            assert await admission.mark_cancel_async("jp", "long", "client_disconnect")
+            await until(lambda: rkeys.usage_records(r))
+        finally:
+            host.request_stop()
+            await task
+
+    asyncio.run(main())
+    [record] = rkeys.usage_records(r)
+    assert record["status"] == "cancelled" and record["error_code"] == "client_disconnect"
+    # Stopped within a sweep (1 s at 200 tokens/s, with margin), not run to the end.
+    assert 0 < record["completion_tokens"] < 1000, record
+    assert r.scard(inflight_key("jp", "rw-2")) == 0
     assert not any(counters(r).values()), counters(r)

@@ -15,6 +15,10 @@ loop in its own thread:
   flusher writes each step's batch in one pipeline (``transport.StepBatch``), and a request's
   settlement (with the engine's own usage) rides in the same pipeline after its last tokens;
 - the cancel subscriber (``cancel:{pool}``): aborts the engine sequence within one step;
+- the sweep, every ``RECONCILE_S``: settles what the in-flight set holds and this worker does
+  not run (``_reconcile``), and reads the cancel flags of what it runs, so a cancel whose
+  PUBLISH it missed (its subscriber was reconnecting) still stops the sequence, a second late
+  rather than never (I5's backstop);
 - heartbeats (``workers:{pool}``, every ``WORKER_HEARTBEAT_SECONDS``) with load and capacity;
 - the janitor (``serving.janitor``), as in every worker;
 - the engine watchdog: an engine whose core died (``Engine.failure()``, e.g. vLLM's engine
@@ -60,7 +64,7 @@ from django.conf import settings
 from infra import quietlog, tracing
 from infra.redis_conn import cluster_mode, get_async_redis, is_outage, new_async_pubsub_client
 from serving import janitor, settlement, transport
-from serving.keys import inflight_key, pools_key, wake_key, worker_key, workers_key
+from serving.keys import inflight_key, pools_key, req_key, wake_key, worker_key, workers_key
 from serving.lua import script
 from serving.settlement import Status
 from serving.wfq import AsyncWfq, DispatchedItem, EngineShares
@@ -79,7 +83,8 @@ log = logging.getLogger(__name__)
 
 REFUSED = "engine_refused"  # the error code of a request the engine turned down (EngineError)
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
-# How often a worker compares its in-flight set with what it runs (_reconcile): one SMEMBERS.
+# How often a worker sweeps (_sweeps): one SMEMBERS of its in-flight set (_reconcile) and one
+# pipelined HGET of its running requests' cancel flags (_sweep_cancels).
 RECONCILE_S = 1.0
 ENGINE_CHECK_S = 0.5  # how often the watchdog asks the engine whether it is still alive
 MAX_ENGINE_RESTARTS = 3  # restarts in one worker's life; past that it exits to be replaced
@@ -194,7 +199,6 @@ class EngineHost:
         # Ids this worker had before the janitor reaped it (_rejoin): their in-flight sets are
         # reconciled too until empty.
         self._past_ids: list[str] = []
-        self._reconciled_at = 0.0
         self._redis: Any = None
         self._wfq: Any = None
         self._vocab: int | None = None  # the engine tokenizer's vocabulary size, read once
@@ -224,7 +228,8 @@ class EngineHost:
         await self.engine.start()
         await self._beat()  # registered before taking work, so a janitor can see us
         background = [self._flusher(), self._cancel_listener(), self._heartbeats(),
-                      self._janitor(), self._engine_watchdog(), self._pool_wakes()]
+                      self._sweeps(), self._janitor(), self._engine_watchdog(),
+                      self._pool_wakes()]
         bg_tasks = [asyncio.create_task(c) for c in background]
         dispatch = asyncio.create_task(self._dispatch_loop())
         self.ready.set()
@@ -846,10 +851,37 @@ class EngineHost:
             await asyncio.sleep(self.heartbeat_s)
             try:
                 await self._beat()
-                if time.monotonic() - self._reconciled_at >= RECONCILE_S:
-                    await self._reconcile()
             except Exception:
                 log.exception("heartbeat failed")
+
+    async def _sweeps(self) -> None:
+        while not _cancelling():
+            await asyncio.sleep(RECONCILE_S)
+            try:
+                await self._reconcile()
+                await self._sweep_cancels()
+            except Exception:
+                log.exception("in-flight sweep failed")
+
+    async def _sweep_cancels(self) -> None:
+        """Read the cancel flags (cancel.lua C1) of the requests running here that have none.
+
+        A cancel reaches a worker by PUBLISH, which Redis delivers only to a subscriber
+        connected at that moment: one sent while the listener reconnects (a network blip, a
+        failover) would otherwise leave the sequence generating to its end, and the tenant
+        paying for it (I5). The flag is written before the PUBLISH, so reading it catches
+        every cancel, at most RECONCILE_S late.
+        """
+        rids = [rid for rid, entry in self.running.items() if not entry.cancel_reason]
+        if not rids:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hget(req_key(self.spec.name, rid), "cancel")
+        for rid, reason in zip(rids, await pipe.execute(), strict=True):
+            if reason:
+                log.warning("cancel of %s read from its flag: its message was missed", rid)
+                await self._on_cancel(f"{rid}\t{text(reason)}")
 
     async def _reconcile(self) -> None:
         """Settle what Redis says this worker runs and it does not (I4 after lost writes).
@@ -863,7 +895,6 @@ class EngineHost:
         worker_lost (retryable), billed for what its stream delivered.
         """
         assert self._dispatching is not None
-        self._reconciled_at = time.monotonic()
         keys = [self.inflight, *(inflight_key(self.spec.name, w) for w in self._past_ids)]
         async with self._dispatching:
             pipe = self._redis.pipeline(transaction=False)
