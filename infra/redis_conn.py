@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import os
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, cast
 
@@ -182,12 +183,13 @@ class _MasterWatch:
 
     moves = 0  # master moves seen by any pool of this process
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # a test's own clock, not the process's time.monotonic patched
         self.checked_at = 0.0
         self.moves_seen = 0
 
     def due(self) -> bool:
-        now = time.monotonic()
+        now = self.clock()
         if self.moves_seen == _MasterWatch.moves and now - self.checked_at < MASTER_CHECK_S:
             return False
         self.checked_at, self.moves_seen = now, _MasterWatch.moves

@@ -80,9 +80,8 @@ def test_a_master_move_seen_by_one_pool_makes_every_pool_ask_at_once(monkeypatch
     """A process's pools move together: one admitting on the old master while another reads
     the new one loses requests in between (tests/test_faults_sentinel.py, failover)."""
     clock = [100.0]
-    monkeypatch.setattr(redis_conn.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(redis_conn._MasterWatch, "moves", 0)
-    a, b = redis_conn._MasterWatch(), redis_conn._MasterWatch()
+    a, b = redis_conn._MasterWatch(lambda: clock[0]), redis_conn._MasterWatch(lambda: clock[0])
     assert a.due() and b.due()  # the first look
     clock[0] += redis_conn.MASTER_CHECK_S / 2
     assert not a.due() and not b.due()  # within the period: no sentinel round trip
