@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,10 +301,11 @@ def run_phase(side: Side, rate: float, seconds: float, tokens: int,
                  admission, cpu_ms, commands, top)
 
 
-def monitor_sample(side: Side, tokens: int, n: int = 10) -> dict[str, float]:
+def monitor_sample(side: Side, tokens: int, n: int = 10) -> dict[str, Any]:
     """Commands sent by clients (not by scripts) per request, one request at a time, from a
-    MONITOR stream; the background commands of an idle second are subtracted."""
-    def count(work: Any, seconds: float | None = None) -> tuple[int, float]:
+    MONITOR stream; the background commands of an idle second are subtracted. ``by_command``:
+    the same per command name (a script by its first key's kind), to see where they go."""
+    def count(work: Any, seconds: float | None = None) -> tuple[Counter[str], float]:
         sock = socket.create_connection(("127.0.0.1", side.redis.connection_pool
                                          .connection_kwargs["port"]))
         sock.sendall(b"MONITOR\r\n")
@@ -326,12 +328,12 @@ def monitor_sample(side: Side, tokens: int, n: int = 10) -> dict[str, float]:
                     break
                 chunks.append(data)
         sock.close()
-        top = 0
+        top: Counter[str] = Counter()
         for line in b"".join(chunks).split(b"\r\n"):
             stamp = re.match(rb"\+(\d+\.\d+) \[", line)
             if (stamp and began <= float(stamp.group(1)) <= ended and b" lua]" not in line
                     and not re.search(rb'"(?:info|ping|monitor)"', line, re.I)):
-                top += 1
+                top[command_name(line)] += 1
         return top, wall
 
     idle, idle_wall = count(None, 1.0)
@@ -341,7 +343,23 @@ def monitor_sample(side: Side, tokens: int, n: int = 10) -> dict[str, float]:
             run_async(sse_post(side.url, side.api_key, body_for(side.model, tokens)))
 
     busy, wall = count(work)
-    return {"per_request": max(0.0, busy - idle / idle_wall * wall) / n}
+    by_command = {name: max(0.0, busy[name] - idle[name] / idle_wall * wall) / n
+                  for name in busy | idle}
+    return {"per_request": max(0.0, sum(busy.values()) - sum(idle.values()) / idle_wall * wall)
+            / n, "by_command": {k: v for k, v in by_command.items() if v >= 0.05}}
+
+
+def command_name(line: bytes) -> str:
+    """A MONITOR line's command, and for a script call the kind of its first key
+    (``evalsha req``), so scripts can be told apart without their SHA."""
+    words = re.findall(rb'"((?:[^"\\]|\\.)*)"', line)
+    if not words:
+        return "?"
+    name = words[0].decode(errors="replace").lower()
+    if name in ("evalsha", "eval", "fcall") and len(words) > 3:
+        parts = words[3].decode(errors="replace").split(":")
+        name += " " + (parts[1] if len(parts) > 1 else parts[0])
+    return name
 
 
 def base_checkout(ref: str) -> Path:
@@ -497,9 +515,13 @@ def main() -> None:
                 time.sleep(1.0)  # let the last streams settle
         for side in sides:
             one = monitor_sample(side, 1)["per_request"]
-            full = monitor_sample(side, args.tokens)["per_request"]
+            sample = monitor_sample(side, args.tokens)
+            full = sample["per_request"]
             samples[side.name] = {"rt_request": full,
                                   "rt_token": max(0.0, full - one) / max(1, args.tokens - 1)}
+            print(f"{side.name}: client commands per {args.tokens}-token request: " + ", ".join(
+                f"{k} {v:.1f}" for k, v in sorted(sample["by_command"].items(),
+                                                  key=lambda kv: -kv[1])), flush=True)
     finally:
         for side in sides:
             side.stop()

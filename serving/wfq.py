@@ -347,14 +347,24 @@ def _complete_call(keys: Keys, tenant_id: str, estimated_cost: float, actual_cos
 # --- reply parsing -------------------------------------------------------------------------
 
 
+class Dispatched(list[DispatchedItem]):
+    """What one dispatch moved, and whether requests were left queued in the pool (``more``:
+    some tenant still has one; a worker given fewer than it asked for then has a head that did
+    not fit, and looks again when its own slots or KV free up)."""
+
+    more: bool = False
+
+
 def _dispatched(reply: Sequence[Any], worker_id: str,
-                claim: Sequence[str] = ()) -> list[DispatchedItem]:
-    # reply[0] is the pool's vtime after the dispatch; the entries follow, each followed by
-    # its claim when claiming.
+                claim: Sequence[str] = ()) -> Dispatched:
+    # reply[0] is {the pool's vtime after the dispatch, tenants still queued}; the entries
+    # follow, each followed by its claim when claiming.
+    out = Dispatched()
+    out.more = int(reply[0][1]) > 0
     if not claim:
-        return [DispatchedItem(**vars(QueueEntry.unpack(e)), worker_id=worker_id)
-                for e in reply[1:]]
-    out = []
+        out.extend(DispatchedItem(**vars(QueueEntry.unpack(e)), worker_id=worker_id)
+                   for e in reply[1:])
+        return out
     for entry, got in zip(reply[1::2], reply[2::2], strict=True):
         ok = int(got[0]) == 1
         out.append(DispatchedItem(
@@ -426,7 +436,7 @@ class Wfq(_Base):
                       worker_id: str, overcommit: float = 1.0, lookahead: int = 0,
                       running: Mapping[str, int] | None = None,
                       now: float | None = None,
-                      engine: EngineShares | None = None) -> list[DispatchedItem]:
+                      engine: EngineShares | None = None) -> Dispatched:
         """Move up to n requests, smallest tag first, into worker_id's free capacity.
 
         ``running`` is the worker's own sequences per tenant (all of them, so that free_slots
@@ -514,7 +524,7 @@ class AsyncWfq(_Base):
                             free_kv_tokens: float, worker_id: str, overcommit: float = 1.0,
                             lookahead: int = 0, running: Mapping[str, int] | None = None,
                             now: float | None = None, engine: EngineShares | None = None,
-                            claim: Sequence[str] = ()) -> list[DispatchedItem]:
+                            claim: Sequence[str] = ()) -> Dispatched:
         """As :meth:`Wfq.dispatch_many`; with ``claim`` (the transit payload's fields) the same
         script claims each request it pops (dispatch.lua K1, K2: the worker's one round trip)."""
         call = _dispatch_call(_keys(pool), n, free_slots, free_kv_tokens,

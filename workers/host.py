@@ -67,7 +67,7 @@ from serving import janitor, settlement, transport
 from serving.keys import inflight_key, pools_key, req_key, wake_key, worker_key, workers_key
 from serving.lua import script
 from serving.settlement import Status
-from serving.wfq import AsyncWfq, DispatchedItem, EngineShares
+from serving.wfq import AsyncWfq, Dispatched, DispatchedItem, EngineShares
 from serving.wire import PAYLOAD_FIELDS, text, unpack_prompt, unpack_sampling, usage_of
 from workers.engine.base import (
     Engine,
@@ -193,6 +193,9 @@ class EngineHost:
         # waits on it when the queue gave it nothing.
         self._work: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None  # the dispatch loop is waiting on _work
+        # Whether the last dispatch left requests queued in the pool (Dispatched.more): only
+        # then can a slot or KV freed here start one (_wake_self).
+        self._queued = True
         # Held while a dispatch's claims travel from Redis into self.running, so _reconcile
         # never takes a request just claimed for one we do not run.
         self._dispatching: asyncio.Lock | None = None
@@ -251,7 +254,8 @@ class EngineHost:
         assert self._slot_freed is not None and self._engine_ok is not None
         self._slot_freed.set()  # a dispatch loop waiting for a free slot sees the drain
         self._engine_ok.set()  # ... and one waiting for a restarted engine
-        self._wake_self()
+        if self._work is not None:
+            self._work.set()  # ... and one waiting for work
         await asyncio.gather(dispatch, return_exceptions=True)
         if self._tasks:
             log.info("draining %d running sequences", len(self._tasks))
@@ -281,6 +285,8 @@ class EngineHost:
             if free_slots <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
+                if not self._queued and not self._draining:
+                    await self._wait_for_work()  # a freed slot finds nothing queued
                 continue
             assert self._work is not None and self._dispatching is not None
             self._work.clear()  # a wake from now on means: look again
@@ -288,13 +294,15 @@ class EngineHost:
                 items = await self._dispatch_once(free_slots)
             if items is None:
                 await asyncio.sleep(WAKE_TIMEOUT_S)
-            elif not items:
-                await self._wait_for_work()
+            else:
+                self._queued = items.more
+                if len(items) < free_slots:  # the queue is empty or its head does not fit
+                    await self._wait_for_work()
 
-    async def _dispatch_once(self, free_slots: int) -> list[DispatchedItem] | None:
+    async def _dispatch_once(self, free_slots: int) -> Dispatched | None:
         """Pop and claim up to free_slots requests and start them; None if Redis failed."""
         try:
-            items: list[DispatchedItem] = await self._wfq.dispatch_many(
+            items: Dispatched = await self._wfq.dispatch_many(
                 self.spec.name, n=free_slots, free_slots=free_slots,
                 free_kv_tokens=max(0, self.spec.kv_cache_tokens - self._reserved_kv()),
                 overcommit=self.spec.kv_overcommit, worker_id=self.worker_id,
@@ -402,9 +410,13 @@ class EngineHost:
             del self._prefill_by_tenant[entry.tenant]
 
     def _wake_self(self) -> None:
-        """Let the dispatch loop look at the queue now (a slot freed, a prefill ended, the
-        drain): an in-process signal, no Redis round trip."""
-        if self._work is not None:
+        """Let the dispatch loop look at the queue now (a slot freed, a prefill ended): an
+        in-process signal, no Redis round trip; and only while the last dispatch left requests
+        queued (``_queued``), as with none queued nothing here can change its answer. New work
+        wakes the loop through the pool's wake list (_pool_wakes) instead. Each dispatch is a
+        script of some 30 commands in Redis: this kept an idle pool's worker from running four
+        of them per request, three of which found nothing (bench/ab.py's command breakdown)."""
+        if self._work is not None and self._queued:
             self._work.set()
 
     # -- one request --------------------------------------------------------------------------

@@ -11,7 +11,7 @@
 --       then, optionally (claiming; '' or absent = off; ARGV[14..17] are then '' when rule E is
 --       off): ARGV[18] the request hash's key prefix (+ id = req:{p.POOL}:id), ARGV[19] the
 --       worker id, ARGV[20..] the transit payload fields to hand over and delete
--- Returns {vtime, entry...} with effective tags; no entries when the pool is empty or the
+-- Returns {{vtime, tenants still queued}, entry...} with effective tags; no entries when the pool is empty or the
 -- next request does not fit. Claiming, each entry is followed by its claim: {1, cancel reason
 -- or '', payload values...}, or {0, state} when the request can no longer run.
 --
@@ -369,5 +369,8 @@ while n_out < n do
 end
 
 if vtime > vtime0 then redis.call('HSET', state, 'vtime', fmt(vtime)) end  -- H4
-out[1] = fmt(vtime)
+-- out[1]: the pool's vtime and how many tenants still have a request queued. A worker that got
+-- fewer than it asked for looks again on its own events (a slot or KV freed) only while some
+-- are: with none, only a new admission's wake can give it work (ADR 0028, "local wakes").
+out[1] = {fmt(vtime), redis.call('ZCARD', heads)}
 return out
