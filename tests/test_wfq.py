@@ -194,6 +194,19 @@ def test_dispatch_many_stops_at_slots_and_kv_budget(wfq, redis_client):
     assert_pool_consistent(redis_client, POOL)
 
 
+def test_a_dispatch_says_whether_requests_are_left_queued(wfq):
+    """Dispatched.more: a worker given fewer than it asked for looks again on its own events
+    only while some are (workers/host.py _wake_self). Blocked heads count as queued."""
+    for tenant, rid in (("a", "q1"), ("a", "q2"), ("b", "q3")):
+        put(wfq, tenant, rid, 100, kv=300)
+    got = wfq.dispatch_many(POOL, n=10, free_slots=4, free_kv_tokens=700, worker_id="w9")
+    assert [g.request_id for g in got] == ["q1", "q3"] and got.more  # q2's KV does not fit
+    got = wfq.dispatch_many(POOL, n=10, free_slots=4, free_kv_tokens=BIG, worker_id="w9")
+    assert [g.request_id for g in got] == ["q2"] and not got.more
+    got = wfq.dispatch_many(POOL, n=10, free_slots=4, free_kv_tokens=BIG, worker_id="w9")
+    assert got == [] and not got.more
+
+
 def test_remove_repairs_the_head_and_gives_back_the_cost(wfq, redis_client):
     put(wfq, "a", "a1", 100)
     put(wfq, "a", "a2", 100)
