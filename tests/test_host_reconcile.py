@@ -1,4 +1,4 @@
-"""A live worker settles what Redis says it runs and it does not (EngineHost._reconcile).
+"""A live worker settles what Redis says it runs and it does not (EngineHost._sweep).
 
 Dispatch claims what it pops (dispatch.lua K1), so a dispatch whose reply is lost (the
 connection dropped after the script ran: a failover, a network blip) leaves claimed requests in
@@ -19,8 +19,8 @@ import pytest
 
 from infra.redis_conn import key
 from serving import admission
-from serving.keys import inflight_key, req_key
-from serving.wire import SamplingParams, pack_prompt, pack_sampling
+from serving.keys import inflight_key
+from serving.wire import SamplingParams
 from tests import rkeys
 from tests.test_engine_restart import until
 from tests.test_janitor import admit, admit_and_dispatch, last_entry
@@ -37,10 +37,8 @@ def test_a_claim_whose_reply_was_lost_is_settled_by_the_live_worker(redis_client
     r = redis_client
     admit_and_dispatch(r, "lost", "rw-1")  # claimed for rw-1, which never heard of it
     assert r.sismember(inflight_key("jp", "rw-1"), "lost")
-    admit("served", out=5)  # queued: the host dispatches and runs this one itself
-    r.hset(req_key("jp", "served"), mapping={  # its prompt in transit, as the gateway writes it
-        "prompt_ids": pack_prompt([5, 6, 7]),
-        "sampling": pack_sampling(SamplingParams(max_tokens=3))})
+    # Queued, its prompt in transit: the host dispatches and runs this one itself.
+    admit("served", out=5, sampling=SamplingParams(max_tokens=3))
     engine = SimulatedEngine(SimConfig(max_running_seqs=4, kv_cache_tokens=8192,
                                        max_model_len=2048))
     host = EngineHost(EngineSpec("jp", max_sequences=4), engine, "rw-1", heartbeat_s=0.1,
@@ -68,7 +66,7 @@ def test_a_claim_whose_reply_was_lost_is_settled_by_the_live_worker(redis_client
 
 def test_a_cancel_whose_message_was_missed_still_stops_the_sequence(
         redis_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """I5's backstop (EngineHost._sweep_cancels): the worker hears no PUBLISH at all (its
+    """I5's backstop (EngineHost._sweep): the worker hears no PUBLISH at all (its
     listener is down, as while it reconnects), and a running request's cancel flag is set the
     way cancel.lua sets it. The sequence still stops within a sweep, settled cancelled and
     billed only for what was generated; without the sweep it would run all 5,000 tokens."""
@@ -78,10 +76,7 @@ def test_a_cancel_whose_message_was_missed_still_stops_the_sequence(
         await asyncio.Event().wait()
 
     monkeypatch.setattr(EngineHost, "_cancel_listener", deaf)
-    admit("long", out=5000)
-    r.hset(req_key("jp", "long"), mapping={
-        "prompt_ids": pack_prompt([5, 6, 7]),
-        "sampling": pack_sampling(SamplingParams(max_tokens=5000, ignore_eos=True))})
+    admit("long", out=5000, sampling=SamplingParams(max_tokens=5000, ignore_eos=True))
     engine = SimulatedEngine(SimConfig(max_running_seqs=4, kv_cache_tokens=16384,
                                        max_model_len=8192, decode_tokens_per_s=200.0))
     host = EngineHost(EngineSpec("jp", max_sequences=4), engine, "rw-2", heartbeat_s=0.1,

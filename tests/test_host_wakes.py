@@ -14,10 +14,10 @@ import asyncio
 from typing import Any
 
 from serving import admission as acc
-from serving.wire import SamplingParams, pack_prompt, pack_sampling
+from serving.wire import SamplingParams
 from tests import rkeys
 from tests.test_engine_restart import until
-from tests.test_janitor import LIMITS
+from tests.test_janitor import admission
 from workers.engine.registry import EngineSpec
 from workers.engine.simulated import SimConfig, SimulatedEngine
 from workers.host import WAKE_TIMEOUT_S, EngineHost
@@ -45,13 +45,8 @@ def test_an_idle_worker_dispatches_once_per_request(redis_client: Any) -> None:
             host._wfq.dispatch_many = counted
             for i in range(3):  # one at a time, each 10 tokens at 50/s: 0.2 s of decode
                 rid = f"one-{i}"
-                assert isinstance(await acc.admit_async(  # as the gateway does: payload with it
-                    request_id=rid, tenant_id=1, key_id=1, pool="jp", model="m",
-                    prompt_tokens=3, max_output_tokens=10, stream=True, limits=LIMITS,
-                    extra={"weight": "1.0", "prompt_ids": pack_prompt([5, 6, 7]),
-                           "sampling": pack_sampling(SamplingParams(max_tokens=10,
-                                                                    ignore_eos=True))},
-                    queueing=acc.Queueing(kv_tokens=13)), acc.Admitted)
+                sampling = SamplingParams(max_tokens=10, ignore_eos=True)
+                assert isinstance(await admission(rid, out=10, sampling=sampling), acc.Admitted)
                 await until(lambda rid=rid: rid in {
                     rec["request_id"] for rec in rkeys.usage_records(r)})
             return asyncio.get_running_loop().time()

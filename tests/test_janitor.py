@@ -38,12 +38,24 @@ def now(r: redis.Redis) -> float:
     return secs + micros / 1e6
 
 
-def admit(rid: str, *, tenant: int = 1, out: int = 100) -> None:
-    """Admitted and queued in the WFQ (admit.lua, enter.lua), as the gateway does it."""
-    assert isinstance(arun(acc.admit_async(
+def admission(rid: str, *, tenant: int = 1, out: int = 100,
+              sampling: wire.SamplingParams | None = None) -> Any:
+    """The admission (admit.lua, enter.lua) as the gateway makes it, to await; with
+    ``sampling``, the request's payload in transit too (a prompt of three tokens), which a
+    worker's dispatch claims."""
+    payload = {} if sampling is None else {"prompt_ids": wire.pack_prompt([5, 6, 7]),
+                                           "sampling": wire.pack_sampling(sampling)}
+    return acc.admit_async(
         request_id=rid, tenant_id=tenant, key_id=tenant, pool="jp", model="m", prompt_tokens=10,
-        max_output_tokens=out, stream=True, limits=LIMITS, extra={"weight": "1.0"},
-        queueing=acc.Queueing(kv_tokens=10 + out))), acc.Admitted)
+        max_output_tokens=out, stream=True, limits=LIMITS, extra={"weight": "1.0", **payload},
+        queueing=acc.Queueing(kv_tokens=10 + out))
+
+
+def admit(rid: str, *, tenant: int = 1, out: int = 100,
+          sampling: wire.SamplingParams | None = None) -> None:
+    """Admitted and queued in the WFQ, as the gateway does it (``admission``)."""
+    assert isinstance(arun(admission(rid, tenant=tenant, out=out, sampling=sampling)),
+                      acc.Admitted)
 
 
 def admit_and_dispatch(r: redis.Redis, rid: str, worker: str, *, tenant: int = 1) -> None:

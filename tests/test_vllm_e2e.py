@@ -167,7 +167,7 @@ def hang_up_mid_generation(url: str, plain: str, body: dict[str, Any],
     "as if the cancel never reached the worker; passes alone and in module runs here. "
     "Investigate the cancel path (cancel.lua C2 publish, the worker's listener) under CI load. "
     "Session 11: it passed in every run since, and a worker now also reads its requests' "
-    "cancel flags every second (EngineHost._sweep_cancels), so a missed PUBLISH can no longer "
+    "cancel flags every second (EngineHost._sweep), so a missed PUBLISH can no longer "
     "cause it; a gateway that never saw the hang-up still could"))
 def test_a_client_gone_mid_stream_frees_the_sequence_in_vllm(live: dict[str, Any],
                                                              redis_client: Any) -> None:

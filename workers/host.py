@@ -15,10 +15,10 @@ loop in its own thread:
   flusher writes each step's batch in one pipeline (``transport.StepBatch``), and a request's
   settlement (with the engine's own usage) rides in the same pipeline after its last tokens;
 - the cancel subscriber (``cancel:{pool}``): aborts the engine sequence within one step;
-- the sweep, every ``RECONCILE_S``: settles what the in-flight set holds and this worker does
-  not run (``_reconcile``), and reads the cancel flags of what it runs, so a cancel whose
-  PUBLISH it missed (its subscriber was reconnecting) still stops the sequence, a second late
-  rather than never (I5's backstop);
+- the sweep, every ``RECONCILE_S``, one round trip (``_sweep``): settles what the in-flight
+  set holds and this worker does not run, and reads the cancel flags of what it runs, so a
+  cancel whose PUBLISH it missed (its subscriber was reconnecting) still stops the sequence,
+  a second late rather than never (I5's backstop);
 - heartbeats (``workers:{pool}``, every ``WORKER_HEARTBEAT_SECONDS``) with load and capacity;
 - the janitor (``serving.janitor``), as in every worker;
 - the engine watchdog: an engine whose core died (``Engine.failure()``, e.g. vLLM's engine
@@ -83,8 +83,8 @@ log = logging.getLogger(__name__)
 
 REFUSED = "engine_refused"  # the error code of a request the engine turned down (EngineError)
 WAKE_TIMEOUT_S = 0.25  # an idle worker re-checks its queue at least this often
-# How often a worker sweeps (_sweeps): one SMEMBERS of its in-flight set (_reconcile) and one
-# pipelined HGET of its running requests' cancel flags (_sweep_cancels).
+# How often a worker sweeps (_sweep): one pipeline of its in-flight set's SMEMBERS and its
+# running requests' cancel flags (HGET).
 RECONCILE_S = 1.0
 ENGINE_CHECK_S = 0.5  # how often the watchdog asks the engine whether it is still alive
 MAX_ENGINE_RESTARTS = 3  # restarts in one worker's life; past that it exits to be replaced
@@ -196,7 +196,7 @@ class EngineHost:
         # Whether the last dispatch left requests queued in the pool (Dispatched.more): only
         # then can a slot or KV freed here start one (_wake_self).
         self._queued = True
-        # Held while a dispatch's claims travel from Redis into self.running, so _reconcile
+        # Held while a dispatch's claims travel from Redis into self.running, so _sweep
         # never takes a request just claimed for one we do not run.
         self._dispatching: asyncio.Lock | None = None
         # Ids this worker had before the janitor reaped it (_rejoin): their in-flight sets are
@@ -314,7 +314,7 @@ class EngineHost:
             )
         except Exception:
             # The script may have run with its reply lost: what it claimed is in our in-flight
-            # set with nobody running it, which _reconcile settles.
+            # set with nobody running it, which _sweep settles.
             log.exception("dispatch failed")
             return None
         for item in items:
@@ -849,8 +849,10 @@ class EngineHost:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
 
     async def _on_cancel(self, data: bytes | str) -> None:
-        text = data.decode() if isinstance(data, bytes) else data
-        rid, _, reason = text.partition("\t")
+        rid, _, reason = text(data).partition("\t")
+        await self._cancel(rid, reason)
+
+    async def _cancel(self, rid: str, reason: str) -> None:
         entry = self.running.get(rid)
         if entry is None:
             return  # another worker's request (every worker of the pool hears every cancel)
@@ -870,57 +872,50 @@ class EngineHost:
         while not _cancelling():
             await asyncio.sleep(RECONCILE_S)
             try:
-                await self._reconcile()
-                await self._sweep_cancels()
+                await self._sweep()
             except Exception:
                 log.exception("in-flight sweep failed")
 
-    async def _sweep_cancels(self) -> None:
-        """Read the cancel flags (cancel.lua C1) of the requests running here that have none.
+    async def _sweep(self) -> None:
+        """One round trip: this worker's in-flight sets (I4) and its requests' cancel flags (I5).
 
-        A cancel reaches a worker by PUBLISH, which Redis delivers only to a subscriber
-        connected at that moment: one sent while the listener reconnects (a network blip, a
-        failover) would otherwise leave the sequence generating to its end, and the tenant
-        paying for it (I5). The flag is written before the PUBLISH, so reading it catches
-        every cancel, at most RECONCILE_S late.
-        """
-        rids = [rid for rid, entry in self.running.items() if not entry.cancel_reason]
-        if not rids:
-            return
-        pipe = self._redis.pipeline(transaction=False)
-        for rid in rids:
-            pipe.hget(req_key(self.spec.name, rid), "cancel")
-        for rid, reason in zip(rids, await pipe.execute(), strict=True):
-            if reason:
-                log.warning("cancel of %s read from its flag: its message was missed", rid)
-                await self._on_cancel(f"{rid}\t{text(reason)}")
+        **Strays.** A dispatch whose reply was lost (the connection dropped after the script
+        ran) leaves what it claimed in our in-flight set with nobody running it. A failover
+        that loses writes (a forced failover: the old primary takes writes until the sentinels
+        demote it, then drops them) brings back as running requests we settled. Neither has
+        another owner: the janitor reaps only dead workers' sets. Under the dispatch lock no
+        claim is on its way from Redis into self.running, so a member we do not run is a
+        stray: it ends as worker_lost (retryable), billed for what its stream delivered.
 
-    async def _reconcile(self) -> None:
-        """Settle what Redis says this worker runs and it does not (I4 after lost writes).
-
-        A dispatch whose reply was lost (the connection dropped after the script ran) leaves
-        what it claimed in our in-flight set with nobody running it. A failover that loses
-        writes (a forced failover: the old primary takes writes until the sentinels demote it,
-        then drops them) brings back as running requests we settled. Neither has another owner:
-        the janitor reaps only dead workers' sets. Under the dispatch lock no claim is on its
-        way from Redis into self.running, so a member we do not run is a stray: it ends as
-        worker_lost (retryable), billed for what its stream delivered.
+        **Missed cancels.** A cancel reaches a worker by PUBLISH, which Redis delivers only to
+        a subscriber connected at that moment: one sent while the listener reconnects (a
+        network blip, a failover) would leave the sequence generating to its end, the tenant
+        paying for it. The flag is written before the PUBLISH (cancel.lua C1), so reading it
+        catches every cancel, at most RECONCILE_S late.
         """
         assert self._dispatching is not None
         keys = [self.inflight, *(inflight_key(self.spec.name, w) for w in self._past_ids)]
         async with self._dispatching:
+            unflagged = [rid for rid, entry in self.running.items() if not entry.cancel_reason]
             pipe = self._redis.pipeline(transaction=False)
             for key in keys:
                 pipe.smembers(key)
+            for rid in unflagged:
+                pipe.hget(req_key(self.spec.name, rid), "cancel")
             found = await pipe.execute()
-            strays = [(key, text(m)) for key, members in zip(keys, found, strict=True)
+            sets, flags = found[:len(keys)], found[len(keys):]
+            strays = [(key, text(m)) for key, members in zip(keys, sets, strict=True)
                       for m in members if text(m) not in self.running]
         for key, rid in strays:
             if await janitor.fail_lost_request_async(self._redis, self.spec.name, rid, key):
                 log.warning("settled %s: in this worker's in-flight set, not running here", rid)
             await self._redis.srem(key, rid)  # settled now or before: not in flight here
-        self._past_ids = [w for w, members in zip(self._past_ids, found[1:], strict=True)
+        self._past_ids = [w for w, members in zip(self._past_ids, sets[1:], strict=True)
                           if members]
+        for rid, reason in zip(unflagged, flags, strict=True):
+            if reason:
+                log.warning("cancel of %s read from its flag: its message was missed", rid)
+                await self._cancel(rid, text(reason))
 
     async def _beat(self) -> None:
         load = self.engine.load()

@@ -11,9 +11,10 @@
 --       then, optionally (claiming; '' or absent = off; ARGV[14..17] are then '' when rule E is
 --       off): ARGV[18] the request hash's key prefix (+ id = req:{p.POOL}:id), ARGV[19] the
 --       worker id, ARGV[20..] the transit payload fields to hand over and delete
--- Returns {{vtime, tenants still queued}, entry...} with effective tags; no entries when the pool is empty or the
--- next request does not fit. Claiming, each entry is followed by its claim: {1, cancel reason
--- or '', payload values...}, or {0, state} when the request can no longer run.
+-- Returns {{vtime, tenants still queued}, entry...} with effective tags; no entries when the
+-- pool is empty or the next request does not fit. Claiming, each entry is followed by its
+-- claim: {1, cancel reason or '', payload values...}, or {0, state} when the request can no
+-- longer run.
 --
 -- Claim (what claim.lua did, now in the step that pops; ADR 0028):
 -- K1 only a 'queued' request is claimed, and claiming flips it to 'running' (worker, in-flight
