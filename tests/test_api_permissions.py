@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -131,26 +132,39 @@ ALIASES = {"token_billing": "billing", "token_other": "outsider",
            "grant_revoked": "staff", "granted_but_not_staff": "staff"}
 
 
+@pytest.fixture(scope="module")
+def shared_world(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The world, built once for the module inside a transaction that is rolled back at its
+    end: each test runs in a savepoint of it (pytest-django's ``django_db``) and rolls back to
+    it, so every test still starts from this same state. The matrix is over a thousand tests:
+    building the world for each was a third of the unit lane's time."""
+    with django_db_blocker.unblock(), transaction.atomic():
+        world = build_world()
+        world.alert = SpendAlert.objects.create(tenant=world.tenant, threshold=10)
+        done = tmp_path_factory.mktemp("exports") / "export.csv"
+        done.write_text("tenant\n")
+        world.export = ExportJob.objects.create(
+            tenant=world.tenant, start=this_hour(), end=this_hour(), status="done",
+            file_path=str(done))
+        world.token, _ = issue_token(world.tenant, "ci", "owner",
+                                     created_by=world.users["owner"])
+        world.project = Project.objects.create(tenant=world.tenant, name="web", slug="web")
+        world.budget = Budget.objects.create(tenant=world.tenant, level="tenant", limit=10)
+        world.fallback = TenantFallback.objects.create(tenant=world.tenant, model="sim-small",
+                                                       fallbacks=["sim-large"])
+        world.route = Route.objects.create(name="chat-default", fallbacks=["sim-small"])
+        RouteTarget.objects.create(route=world.route,
+                                   pool=Pool.objects.get(name="shared-small"))
+        world.invitation = Invitation.objects.create(
+            tenant=world.tenant, email="x@example.test", secret_hash="0" * 64,
+            expires_at=timezone.now() + timedelta(days=1))
+        yield world
+        transaction.set_rollback(True)
+
+
 @pytest.fixture
-def world(redis_client, tmp_path):
-    world = build_world()
-    world.alert = SpendAlert.objects.create(tenant=world.tenant, threshold=10)
-    done = tmp_path / "export.csv"
-    done.write_text("tenant\n")
-    world.export = ExportJob.objects.create(
-        tenant=world.tenant, start=this_hour(), end=this_hour(), status="done",
-        file_path=str(done))
-    world.token, _ = issue_token(world.tenant, "ci", "owner", created_by=world.users["owner"])
-    world.project = Project.objects.create(tenant=world.tenant, name="web", slug="web")
-    world.budget = Budget.objects.create(tenant=world.tenant, level="tenant", limit=10)
-    world.fallback = TenantFallback.objects.create(tenant=world.tenant, model="sim-small",
-                                                   fallbacks=["sim-large"])
-    world.route = Route.objects.create(name="chat-default", fallbacks=["sim-small"])
-    RouteTarget.objects.create(route=world.route, pool=Pool.objects.get(name="shared-small"))
-    world.invitation = Invitation.objects.create(
-        tenant=world.tenant, email="x@example.test", secret_hash="0" * 64,
-        expires_at=timezone.now() + timedelta(days=1))
-    return world
+def world(shared_world, redis_client):
+    return shared_world
 
 
 def _grant(world, name: str, role: str, *, is_staff: bool = True, **fields) -> object:

@@ -35,7 +35,8 @@ from tests.factories import make_key, make_model, make_tenant  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-POOL, MODEL, WORKER = "vllm-surface", "tiny-vllm-surface", "vllm-surface-w1"
+# The generator is the vLLM stack this module shares with test_vllm_e2e (tests/vllm_fixtures.py).
+POOL, MODEL, WORKER = vf.STACK_POOL, vf.STACK_MODEL, vf.STACK_WORKER
 EMBED_POOL, EMBED, EMBED_WORKER = "vllm-embed", "tiny-vllm-embed", "vllm-embed-w1"
 TOK = load_tokenizer(None)  # the tiny model's own tokenizer files (tests/vllm_model.py)
 ENV = {"WORKER_HEARTBEAT_SECONDS": "0.3", "WORKER_DEAD_AFTER_SECONDS": "15",
@@ -59,11 +60,7 @@ class City(BaseModel):
 
 
 def ensure_pool(tiny: Any) -> None:
-    model = make_model(MODEL, engine_model_id=str(tiny.model), tokenizer_path=str(tiny.model),
-                       max_model_len=vf.MAX_MODEL_LEN)
-    Pool.objects.get_or_create(name=POOL, defaults={
-        "model": model, "backend": "vllm", "max_sequences": 8, "kv_cache_tokens": 100_000,
-        "backend_settings": {"enforce_eager": True, "kv_cache_memory_bytes": vf.KV_BYTES}})
+    vf.ensure_stack_pool(tiny)
     # The same weights served as an embedding model: task "embed" runs vLLM's pooling runner.
     embedder = make_model(EMBED, engine_model_id=str(tiny.model), tokenizer_path=str(tiny.model),
                           max_model_len=vf.MAX_MODEL_LEN, task="embed")
@@ -77,14 +74,12 @@ def prompt_tokens(messages: list[dict[str, Any]], tools: list[Any] | None = None
 
 
 @pytest.fixture(scope="module")
-def system(tiny_vllm: Any, django_db_setup: Any, django_db_blocker: Any
-           ) -> Iterator[dict[str, Any]]:
-    with django_db_blocker.unblock():
-        ensure_pool(tiny_vllm)
-    with procs.stack({WORKER: POOL, EMBED_WORKER: EMBED_POOL}, env=ENV,
-                     timeout=vf.START_TIMEOUT_S) as up:
-        yield {"url": up.url, "worker": up.workers[WORKER], "embedder": up.workers[EMBED_WORKER],
-               "tiny": tiny_vllm}
+def system(vllm_stack: dict[str, Any], django_db_blocker: Any) -> Iterator[dict[str, Any]]:
+    """The shared gateway and generator, and this module's embedding worker."""
+    tiny = vllm_stack["tiny"]
+    with pool_worker(EMBED_POOL, EMBED_WORKER, lambda: ensure_pool(tiny),
+                     django_db_blocker, timeout=vf.START_TIMEOUT_S) as embedder:
+        yield {**vllm_stack, "embedder": embedder}
 
 
 @pytest.fixture
@@ -282,13 +277,13 @@ def ensure_upstream_pool(tiny: Any, url: str) -> None:
 
 @contextlib.contextmanager
 def pool_worker(pool: str, worker_id: str, ensure: Callable[[], None],
-                django_db_blocker: Any) -> Iterator[Any]:
+                django_db_blocker: Any, timeout: float = 120) -> Iterator[Any]:
     """A Celery worker for ``pool``, once ``ensure`` has created the pool; its log on failure."""
     with django_db_blocker.unblock():
         ensure()
         worker = procs.start_worker(pool, worker_id=worker_id, env=ENV)
     try:
-        procs.wait_for_worker(get_redis(), pool, worker_id, worker, timeout=120)
+        procs.wait_for_worker(get_redis(), pool, worker_id, worker, timeout=timeout)
         yield worker
     except BaseException:
         print(worker.logs()[-4000:])

@@ -9,7 +9,8 @@ goes away mid-stream frees the sequence in vLLM (the worker's heartbeat carries 
 statistics); and an engine core that dies is noticed, its requests end retryably and are
 settled, and the worker restarts it and serves again.
 
-One worker and one gateway for the module (the engine takes tens of seconds to start).
+One worker and one gateway, shared with ``test_api_surface_vllm_e2e`` (the engine takes tens of
+seconds to start); this module's last test kills the engine core, so the vLLM unit runs it last.
 """
 
 from __future__ import annotations
@@ -17,24 +18,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from catalog.models import Pool
 from serving.tokenization import load_tokenizer
 from tests import faults, procs, rkeys
-from tests.factories import make_key, make_model, make_tenant
-from tests.vllm_fixtures import KV_BYTES, MAX_MODEL_LEN, TinyModel
+from tests import vllm_fixtures as vf
+from tests.factories import make_key, make_tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-POOL, MODEL, WORKER = "vllm-e2e", "tiny-vllm", "vllm-e2e-w1"
-ENV = {"WORKER_HEARTBEAT_SECONDS": "0.3", "WORKER_DEAD_AFTER_SECONDS": "15",
-       "SSE_KEEPALIVE_SECONDS": "0.5", "HF_HUB_OFFLINE": "1"}
+POOL, MODEL, WORKER = vf.STACK_POOL, vf.STACK_MODEL, vf.STACK_WORKER
 # Long enough to fill whole KV blocks (vLLM caches full blocks only: 128 tokens on the CPU).
 HELLO = [{"role": "user", "content": "Say hello to the tenants of this gateway. " + (
     "Quotas bound how much a tenant takes; fair queueing bounds who waits. The gateway meters "
@@ -47,28 +44,16 @@ ENGINE_START_S = 600.0
 LONG = 3500  # output tokens the prompt leaves room for in the 4,096-token context
 
 
-def ensure_pool(tiny: TinyModel) -> None:
-    model = make_model(MODEL, engine_model_id=str(tiny.model), tokenizer_path=str(tiny.model),
-                       max_model_len=MAX_MODEL_LEN)
-    Pool.objects.get_or_create(name=POOL, defaults={
-        "model": model, "backend": "vllm", "max_sequences": 8, "kv_cache_tokens": 100_000,
-        "backend_settings": {"enforce_eager": True, "kv_cache_memory_bytes": KV_BYTES,
-                             "scheduling_policy": "priority"}})
-
-
 @pytest.fixture(scope="module")
-def system(tiny_vllm: TinyModel, django_db_setup: Any,
-           django_db_blocker: Any) -> Iterator[dict[str, Any]]:
-    with django_db_blocker.unblock():
-        ensure_pool(tiny_vllm)
-    with procs.stack({WORKER: POOL}, env=ENV, timeout=ENGINE_START_S) as up:
-        yield {"url": up.url, "worker": up.workers[WORKER], "gateway": up.gateway,
-               "tiny": tiny_vllm}
+def system(vllm_stack: dict[str, Any]) -> dict[str, Any]:
+    """The gateway and the vLLM pool worker this module shares with test_api_surface_vllm_e2e
+    (``tests/vllm_fixtures.py``: an engine start is the costliest thing the live lane does)."""
+    return vllm_stack
 
 
 @pytest.fixture
 def live(system: dict[str, Any], redis_client: Any) -> dict[str, Any]:
-    ensure_pool(system["tiny"])  # transactional tests empty the tables after each test
+    vf.ensure_stack_pool(system["tiny"])  # transactional tests empty the tables after each test
     procs.wait_for_worker(redis_client, POOL, WORKER, system["worker"], timeout=30)
     return system
 

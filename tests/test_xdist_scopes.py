@@ -8,7 +8,7 @@ from pathlib import Path
 from tests import xdist_scopes as xs
 
 TESTS = Path(__file__).resolve().parent
-USES_VLLM = re.compile(r"\b(vllm_server|vllm_engine|tiny_vllm|vllm_fixtures)\b")
+USES_VLLM = re.compile(r"\b(vllm_server|vllm_engine|vllm_stack|tiny_vllm|vllm_fixtures)\b")
 
 
 def test_every_module_that_uses_real_vllm_is_in_the_vllm_unit_and_no_other() -> None:
@@ -16,6 +16,13 @@ def test_every_module_that_uses_real_vllm_is_in_the_vllm_unit_and_no_other() -> 
     using = {path.name for path in TESTS.glob("test_*.py")
              if path.name != Path(__file__).name and USES_VLLM.search(path.read_text())}
     assert using == xs.VLLM_MODULES
+
+
+def test_the_module_that_kills_the_shared_engine_core_runs_last_in_the_vllm_unit() -> None:
+    """A unit's modules run in collection order (by name): test_vllm_e2e kills the engine
+    core of the worker it shares with test_api_surface_vllm_e2e (``vllm_stack``) in its last
+    test, so it must come after every other module of the unit."""
+    assert sorted(xs.VLLM_MODULES)[-1] == "test_vllm_e2e.py"
 
 
 def test_units_are_the_module_or_the_vllm_unit() -> None:

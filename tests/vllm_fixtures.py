@@ -50,6 +50,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# The model runs in the engine core's own process (vLLM's "uni" executor), as it does on one
+# GPU. On the CPU, vLLM's platform otherwise turns "uni" into "mp": a third process per engine
+# (API server or Celery worker, engine core, model worker), each importing torch and vLLM
+# again, about 7 s of a 2-core machine per engine start. The engine core stays a process of
+# its own either way (AsyncLLM always runs it so; the dead-engine-core test kills it).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the integration mark must be there
@@ -58,7 +64,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     toward pytest-timeout): allow for a busy machine, where a start has taken minutes. It runs
     vLLM's processes, so it is an integration test wherever it is written."""
     for item in items:
-        uses = {"tiny_vllm", "vllm_engine", "vllm_server"} & set(getattr(item, "fixturenames", ()))
+        fixtures = set(getattr(item, "fixturenames", ()))
+        uses = {"tiny_vllm", "vllm_engine", "vllm_server", "vllm_stack"} & fixtures
         callspec = getattr(item, "callspec", None)  # the conformance suite's backend parameter
         params = callspec.params if callspec is not None else {}
         backend = params.get("backend", params.get("logprob_backend"))
@@ -253,3 +260,40 @@ def vllm_server(tiny_vllm: TinyModel,
     server.wait_ready()
     yield server
     server.stop()
+
+
+# ---- one gateway and one vLLM pool worker for the end-to-end modules -------------------------
+# test_vllm_e2e and test_api_surface_vllm_e2e drive the whole path (gateway -> WFQ -> a Celery
+# worker hosting the ``vllm`` backend): they share this stack, since a worker's engine start is
+# the costliest thing the live lane does. test_vllm_e2e kills the worker's engine core in its
+# last test (the worker restarts it): the vLLM unit (tests/xdist_scopes.py) runs it last.
+STACK_POOL, STACK_MODEL, STACK_WORKER = "vllm-e2e", "tiny-vllm", "vllm-e2e-w1"
+STACK_ENV = {"WORKER_HEARTBEAT_SECONDS": "0.3", "WORKER_DEAD_AFTER_SECONDS": "15",
+             "SSE_KEEPALIVE_SECONDS": "0.5", "HF_HUB_OFFLINE": "1"}
+
+
+def ensure_stack_pool(tiny: TinyModel) -> None:
+    """The stack's pool and model rows (transactional tests empty the tables after each test:
+    call it at the start of each)."""
+    from catalog.models import Pool
+    from tests.factories import make_model
+
+    model = make_model(STACK_MODEL, engine_model_id=str(tiny.model),
+                       tokenizer_path=str(tiny.model), max_model_len=MAX_MODEL_LEN)
+    Pool.objects.get_or_create(name=STACK_POOL, defaults={
+        "model": model, "backend": "vllm", "max_sequences": MAX_SEQS, "kv_cache_tokens": 100_000,
+        "backend_settings": {"enforce_eager": True, "kv_cache_memory_bytes": KV_BYTES,
+                             "scheduling_policy": "priority"}})
+
+
+@pytest.fixture(scope="session")
+def vllm_stack(tiny_vllm: TinyModel, django_db_setup: Any,
+               django_db_blocker: Any) -> Iterator[dict[str, Any]]:
+    """``{"url", "worker", "gateway", "tiny"}``: the gateway and the pool worker, up."""
+    from tests import procs
+
+    with django_db_blocker.unblock():
+        ensure_stack_pool(tiny_vllm)
+    with procs.stack({STACK_WORKER: STACK_POOL}, env=STACK_ENV, timeout=START_TIMEOUT_S) as up:
+        yield {"url": up.url, "worker": up.workers[STACK_WORKER], "gateway": up.gateway,
+               "tiny": tiny_vllm}
