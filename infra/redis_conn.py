@@ -80,7 +80,7 @@ def driver_info() -> DriverInfo:
     connection here, 0.01 ms with this passed in. A burst of concurrent requests opens that
     many pooled connections at once, on the request path (a third of a worker's CPU during
     the first burst of bench/vllm_vs_direct.py, and the time lands on first tokens)."""
-    return DriverInfo(lib_version=get_lib_version())  # type: ignore[no-untyped-call]
+    return DriverInfo(lib_version=get_lib_version())
 
 
 def pool_kwargs() -> dict[str, Any]:
@@ -122,12 +122,11 @@ def get_redis() -> redis.Redis:
             startup_nodes=nodes, health_check_interval=30, retry=Retry(_backoff(), 3),
             **_cluster_kwargs()))
     if sentinel_mode():
-        # redis-py's Sentinel classes are unannotated, hence the ignores and casts below.
-        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = redis.sentinel.Sentinel(
             settings.REDIS_SENTINEL_NODES, socket_timeout=1.0)
         # Unlike from_url's, this client retries: a command that meets a failover (refused, or
         # the old master answering READONLY) reconnects to the master the sentinels name now.
-        return cast(redis.Redis, sentinel.master_for(  # type: ignore[no-untyped-call]
+        return cast(redis.Redis, sentinel.master_for(
             settings.REDIS_SENTINEL_MASTER, connection_pool_class=_FollowingSentinelPool,
             health_check_interval=30,
             retry=Retry(_backoff(), 3), **pool_kwargs(), **_master_kwargs()))
@@ -276,7 +275,7 @@ class _BlockingSentinelPool(_AsyncFollowingSentinelPool, aioredis.BlockingConnec
 
 
 def _async_sentinel() -> aiosentinel.Sentinel:
-    return aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+    return aiosentinel.Sentinel(
         settings.REDIS_SENTINEL_NODES, socket_timeout=1.0)
 
 

@@ -105,7 +105,7 @@ def _run() -> None:
 def _watch() -> None:
     client = get_redis()
     pubsub = None if cluster_mode() else \
-        client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        client.pubsub(ignore_subscribe_messages=True)
     try:
         if pubsub is not None:
             pubsub.subscribe(channel())  # before the first read: no change falls in between

@@ -846,7 +846,7 @@ class EngineHost:
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                    await pubsub.aclose()
 
     async def _on_cancel(self, data: bytes | str) -> None:
         rid, _, reason = text(data).partition("\t")
