@@ -5,6 +5,7 @@ Times are passed as ``now`` so the cooldown and probe windows are exact, not sle
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 
@@ -121,3 +122,34 @@ def test_only_pool_faults_count():
     assert not health.counts_against_pool("client_disconnect", True)
     assert not health.counts_against_pool("engine_error", False)
 
+
+
+def test_a_pools_successes_are_written_once_per_window_and_a_failure_after_the_waiting_one(
+        monkeypatch):
+    """``note``: a pool's first success is written at once, the ones after it within
+    SUCCESS_EVERY_S as one write at the window's end; a failure goes at once, after the
+    success still waiting (this process's order is kept); pools are independent."""
+    writes: list[tuple[str, bool]] = []
+
+    async def record(pool: str, ok: bool, now: float | None = None) -> None:
+        writes.append((pool, ok))
+
+    monkeypatch.setattr(health, "record", record)
+    monkeypatch.setattr(health, "SUCCESS_EVERY_S", 0.05)
+
+    async def run() -> None:
+        for _ in range(5):
+            health.note("a", True)
+        health.note("b", True)
+        await asyncio.sleep(0.01)
+        assert writes == [("a", True), ("b", True)]
+        await asyncio.sleep(0.08)
+        assert writes == [("a", True), ("b", True), ("a", True)]  # the four waiting, as one
+        health.note("a", True)  # within the window of the write just made: waits
+        health.note("a", False)
+        await asyncio.sleep(0.01)
+        assert writes[3:] == [("a", True), ("a", False)]
+        await asyncio.sleep(0.08)
+        assert len(writes) == 5  # nothing was left waiting for the window's end
+
+    arun(run())

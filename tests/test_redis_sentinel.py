@@ -106,8 +106,10 @@ def test_without_sentinels_the_url_is_used_as_before(fresh_clients: None) -> Non
     assert type(pool) is redis.ConnectionPool
     assert (pool.connection_kwargs["host"], pool.connection_kwargs["port"],
             pool.connection_kwargs["db"]) == ("127.0.0.1", 6399, 4)
-    assert type(redis_conn._new_async_client().connection_pool) is \
-        redis.asyncio.BlockingConnectionPool
+    async_pool = redis_conn._new_async_client().connection_pool
+    # redis-py's blocking pool (packing with hiredis), not a Sentinel one.
+    assert isinstance(async_pool, redis.asyncio.BlockingConnectionPool)
+    assert not isinstance(async_pool, aiosentinel.SentinelConnectionPool)
 
 
 @pytest.mark.integration

@@ -22,9 +22,7 @@ charged twice. All attempts share the first one's deadlines.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gateway.inference.routes import Target
@@ -55,7 +53,6 @@ class Failover:
         self._can_move = can_move
         self.attempts: list[tuple[str, str]] = [(target.pool.name, first.request_id)]
         self._abandoned = False
-        self._background: set[asyncio.Task[object]] = set()
 
     @property
     def request_id(self) -> str:
@@ -141,13 +138,6 @@ class Failover:
                 return
 
     def _record(self, ok: bool) -> None:
-        """The breaker hears the outcome without the response waiting for it."""
-        pool = self.target.pool.name
-
-        async def record() -> None:
-            with contextlib.suppress(Exception):
-                await health.record(pool, ok, now=time.time())
-
-        task: asyncio.Task[object] = asyncio.create_task(record())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        """The breaker hears the outcome without the response waiting for it (successes
+        coalesced per pool: ``serving.health.note``)."""
+        health.note(self.target.pool.name, ok)
