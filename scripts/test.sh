@@ -25,18 +25,17 @@ if [ $# -gt 0 ]; then
 fi
 
 # Workers. The unit lane is CPU-bound and short: twice the cores (at most 8). The live lane
-# starts real processes and runs in two workers: session 8 saw 4-5 timing failures per run at
-# -n 2; its timing-asserting tests have since waited on conditions, and session 11's three
-# full live-lane runs on the 2-core machine passed at -n 2 (628 s, then 543 s with
-# tests/xdist_scopes.py dealing the modules), while -n 3 was no faster (554 s: the cores are
-# saturated) and failed three timing tests. ADR 0031. Worker i uses Redis db (REDIS_URL's db +
-# i) (tests/testenv.py), so workers must fit in Redis' 16 dbs. TEST_WORKERS sets the unit
-# lane's, LIVE_TEST_WORKERS the live lane's.
+# starts real processes and runs in three workers: it waits on processes as much as it computes
+# (about a quarter of the 2-core machine idled at -n 2 once each vLLM engine start cost two
+# processes, not three), so a third worker fills what two left idle: 527 s at -n 2, 370 s at
+# -n 3 in session 12, no failure (ADR 0031). Its timing-asserting tests wait on conditions.
+# Worker i uses Redis db (REDIS_URL's db + i) (tests/testenv.py), so workers must fit in Redis'
+# 16 dbs. TEST_WORKERS sets the unit lane's, LIVE_TEST_WORKERS the live lane's.
 base_db=${REDIS_URL##*/}
 [[ $base_db =~ ^[0-9]+$ ]] || base_db=0
 cap() { local n=$1; (( n > 8 )) && n=8; (( n > 16 - base_db )) && n=$(( 16 - base_db )); (( n < 1 )) && n=1; echo "$n"; }
 unit_workers=$(cap "${TEST_WORKERS:-$(( $(nproc) * 2 ))}")
-live_workers=$(cap "${LIVE_TEST_WORKERS:-2}")
+live_workers=$(cap "${LIVE_TEST_WORKERS:-3}")
 
 # lane NAME WORKERS ARGS...: runs pytest, records its wall time in NAME_s and its status in
 # NAME_rc.

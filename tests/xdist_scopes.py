@@ -28,14 +28,15 @@ VLLM_MODULES = frozenset({
     "test_api_surface_vllm.py", "test_api_surface_vllm_e2e.py", "test_engine_conformance.py",
     "test_upstream_backend.py", "test_vllm_backend.py", "test_vllm_e2e.py",
 })
-# Seconds per unit in one live-lane run at -n 2 on the 2-core machine (``--durations=0``,
-# summed per module; session 11). Only the order matters: a stale figure costs some idle tail,
-# never a wrong result. Units not named go after these.
+# Seconds per unit in one live-lane run at -n 3 on the 2-core machine (wall per module, summed
+# over its tests; session 12, Chromium installed). Only the order matters: a stale figure costs
+# some idle tail, never a wrong result. Units not named go after these.
 MEASURED_S = {
-    VLLM_UNIT: 400, "test_routes_live.py": 81, "test_serve_supervisor.py": 76,
-    "test_fuzz_schemathesis.py": 68, "test_faults_soak.py": 61, "test_inference_live.py": 46,
-    "test_faults_sentinel.py": 40, "test_bench_fairness.py": 36, "test_worker_integration.py": 30,
-    "test_transport.py": 28, "test_hostile_live.py": 28, "test_api_surface_live.py": 22,
+    VLLM_UNIT: 168, "test_browser.py": 110, "test_routes_live.py": 88,
+    "test_serve_supervisor.py": 70, "test_faults_soak.py": 52, "test_inference_live.py": 45,
+    "test_fuzz_schemathesis.py": 44, "test_transport.py": 38, "test_faults_sentinel.py": 37,
+    "test_bench_fairness.py": 34, "test_faults_redis.py": 25, "test_worker_integration.py": 24,
+    "test_hostile_live.py": 23, "test_api_surface_live.py": 17,
 }
 
 
