@@ -164,7 +164,15 @@ def test_every_exit_settles_exactly_once(setup) -> None:
     statuses = {x["status"] for x in recs.values()}
     assert {"ok", "cancelled", "error"} <= statuses, statuses
     reasons = {x["error_code"] for x in recs.values()}
-    assert {"client_disconnect", "deadline_exceeded", "worker_lost"} <= reasons, reasons
+    assert {"deadline_exceeded", "worker_lost"} <= reasons, reasons
+    # A hang-up settles as cancelled (client_disconnect), or as worker_lost where the killed
+    # worker held it; never as a completion billed in full (I5). On a loaded machine every
+    # hang-up of the mix can land on the worker killed early: then none reads client_disconnect.
+    hung_up = [recs[x["rid"]] for x in results if x["kind"] == "disconnect" and x["rid"] in recs]
+    ends = [(rec["status"], rec["error_code"]) for rec in hung_up]
+    assert hung_up and set(ends) <= {("cancelled", "client_disconnect"),
+                                     ("error", "worker_lost")}, ends
+    assert "client_disconnect" in reasons or set(ends) == {("error", "worker_lost")}, ends
 
     for rid, rec in recs.items():
         assert rec["completion_tokens"] == stream_tokens(r, rid), rec
