@@ -75,6 +75,13 @@ def fixtures(worker_id: str, env: Mapping[str, str] = SERVER_ENV) -> tuple[Any, 
     return system_, live_
 
 
+def sse_events(text: str) -> list[str]:
+    """A streamed body's events with an id (``id: ...`` then ``data: ...``), as the spec reads
+    them: comment lines (keep-alives, which end in no blank line of their own) dropped."""
+    lines = "\n".join(line for line in text.split("\n") if not line.startswith(":"))
+    return [e for e in lines.split("\n\n") if e.startswith("id: ")]
+
+
 def tenant_key(**quota: Any) -> tuple[Any, str]:
     tenant = make_tenant(**quota)
     api_key, plain = make_key(tenant)

@@ -40,6 +40,7 @@ from tests.live_pool import (
     ensure_pools,
     listed_models,
     rid_of,
+    sse_events,
     tenant_key,
 )
 from tests.prom import value
@@ -434,12 +435,12 @@ def test_resume_with_last_event_id(live) -> None:
     body = {"model": MODEL, "messages": HELLO, "max_tokens": 10, "stream": True}
     first = httpx.post(live["url"] + "/v1/chat/completions", json=body, headers=headers,
                        timeout=30).text
-    events = [e for e in first.split("\n\n") if e.startswith("id: ")]
+    events = sse_events(first)
     assert len(events) >= 4
     resume_from = events[2].splitlines()[0].removeprefix("id: ")
     again = httpx.post(live["url"] + "/v1/chat/completions", json=body, timeout=30,
                        headers={**headers, "Last-Event-ID": resume_from}).text
-    assert [e for e in again.split("\n\n") if e.startswith("id: ")] == events[3:]
+    assert sse_events(again) == events[3:]
     assert again.rstrip().endswith("data: [DONE]")
     _, stranger = tenant_key()
     r = httpx.post(live["url"] + "/v1/chat/completions", json=body, timeout=30,
@@ -459,8 +460,7 @@ def test_resuming_a_plain_stream_with_another_shape_is_a_400(live, declared) -> 
     body = {"model": MODEL, "messages": HELLO, "max_tokens": 5, "stream": True}
     first = httpx.post(live["url"] + "/v1/chat/completions", json=body, headers=headers,
                        timeout=30).text
-    resume_from = next(e for e in first.split("\n\n") if e.startswith("id: ")
-                       ).splitlines()[0].removeprefix("id: ")
+    resume_from = sse_events(first)[0].splitlines()[0].removeprefix("id: ")
     r = httpx.post(live["url"] + "/v1/chat/completions", json={**body, **declared}, timeout=30,
                    headers={**headers, "Last-Event-ID": resume_from})
     assert r.status_code == 400, r.text

@@ -17,6 +17,23 @@ def test_event_frames_with_and_without_id() -> None:
     assert sse.KEEPALIVE.startswith(b":") and sse.DONE == b"data: [DONE]\n\n"
 
 
+def test_a_keep_alive_between_events_reaches_the_official_client_as_nothing() -> None:
+    """After an event with an id, the openai SDK's decoder dispatches an event on any blank
+    line (it keeps the last id, as the spec says, and checks it where the spec checks data):
+    a keep-alive that ended in one reached it as an empty event, and ``sse.json()`` raised."""
+    from openai._streaming import SSEDecoder
+
+    tpl = ChunkTemplate("chat", "r1", 123, "sim-small", include_usage=False)
+    wire = [sse.event(tpl.delta("a"), "r1/1-0"), sse.KEEPALIVE, sse.KEEPALIVE,
+            sse.event(tpl.delta("b"), "r1/2-0"), sse.KEEPALIVE, sse.DONE]
+    events = list(SSEDecoder().iter_bytes(iter(wire)))
+    assert [e.data[:1] for e in events] == ["{", "{", "["]  # two chunks, then [DONE]
+    assert [e.json()["choices"][0]["delta"]["content"] for e in events[:2]] == ["a", "b"]
+    # Byte by byte too: a proxy may split the stream anywhere.
+    assert [e.data for e in SSEDecoder().iter_bytes(iter(bytes([b]) for b in b"".join(wire)))
+            ] == [e.data for e in events]
+
+
 def test_last_event_id_names_request_and_entry() -> None:
     assert sse.parse_resume_id("abc123/1700000000000-3") == ("abc123", "1700000000000-3")
     assert sse.parse_resume_id(" abc/1-0 ") == ("abc", "1-0")

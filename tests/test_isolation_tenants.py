@@ -37,7 +37,7 @@ from tenants.models import ApiKey, Invitation, ManagementToken, Membership
 from tenants.salts import cache_salt, platform_salt
 from tests import procs
 from tests.factories import make_model
-from tests.live_pool import SERVER_ENV, ensure_pools
+from tests.live_pool import SERVER_ENV, ensure_pools, sse_events
 from tests.worlds import build_world, record, roll_up, this_hour
 
 TRIO = ("owner", "member", "outsider")
@@ -268,7 +268,7 @@ def test_resume_and_models_for_the_trio(live) -> None:
     stream = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
               "max_tokens": 6, "stream": True}
     text = _post(live, "owner", stream).text
-    last = [e for e in text.split("\n\n") if e.startswith("id: ")][1].splitlines()[0][4:]
+    last = sse_events(text)[1].splitlines()[0][4:]
     for who, status in (("owner", 200), ("member", 200), ("outsider", 404)):
         r = _post(live, who, stream, **{"Last-Event-ID": last})
         assert r.status_code == status, (who, r.text[:200])

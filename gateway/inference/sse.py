@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import re
 
-KEEPALIVE = b": keep-alive\n\n"
+# A comment line with no blank line after it. The spec ignores a blank line that ends no data,
+# but the official clients' decoders (openai's, httpx-sse's) dispatch an event there whenever a
+# last event id is set, which ours always is after the first token: a blank line after the
+# comment reached the openai SDK as an event with empty data, and it raised a JSONDecodeError
+# mid-stream. The next event's own blank line ends it instead.
+KEEPALIVE = b": keep-alive\n"
 DONE = b"data: [DONE]\n\n"
 
 HEADERS: list[tuple[bytes, bytes]] = [
