@@ -29,7 +29,7 @@ import pytest
 from catalog.models import Pool
 from infra.redis_conn import get_redis
 from serving.admission import token_keys
-from tests import procs, rkeys
+from tests import faults, procs, rkeys
 from tests.factories import make_key, make_model, make_tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow,
@@ -182,18 +182,16 @@ def test_every_exit_settles_exactly_once(setup) -> None:
             assert x["usage"]["completion_tokens"] == rec["completion_tokens"]
             assert x["usage"]["prompt_tokens"] == rec["prompt_tokens"]
 
+    api_keys = [api_key for tenant in setup["tenants"] for api_key, _ in setup["keys"][tenant.pk]]
+
     def held() -> dict[str, int]:
-        names = [name for tenant in setup["tenants"] for name in (
-            rkeys.counter_key("conc", tenant.pk), rkeys.counter_key("streams", tenant.pk),
-            *(rkeys.counter_key(kind, tenant.pk, "key", api_key.pk)
-              for api_key, _ in setup["keys"][tenant.pk] for kind in ("conc", "streams")))]
-        return {n: int(v or 0) for n, v in zip(names, r.mget(names), strict=True) if int(v or 0)}
+        return faults.nonzero_counters(r, setup["tenants"], api_keys)
 
     def live_tokens() -> list[tuple[str, str]]:
         """(request id, the counters it holds) of each release token still live (admit.lua)."""
-        tokens = [(tokens, holds) for tokens, holds in map(token_keys, setup["tenants"])]
         return [(rid.decode(), (r.hget(holds, rid) or b"").decode())
-                for tokens, holds in tokens for rid in r.zrange(tokens, 0, -1)]
+                for tokens, holds in map(token_keys, setup["tenants"])
+                for rid in r.zrange(tokens, 0, -1)]
 
     def unreleased() -> dict[str, int]:
         """What the live release tokens hold: counter -> slots."""
